@@ -1,0 +1,147 @@
+// SPDX-License-Identifier: Apache-2.0
+// Per-element math shared by the CPU back-end and the CUDA kernels (DG_HOST_DEVICE). Each
+// function follows the transformers reference operation by operation, in fp32, so that the two
+// back-ends and the reference agree; comments say where the order of operations matters.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <diffusion_gemma/core/macros.hpp>
+
+namespace diffusion_gemma::math {
+
+DG_HOST_DEVICE float neg_infinity() { return -INFINITY; }
+
+// GELU, tanh approximation (`gelu_pytorch_tanh`): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+DG_HOST_DEVICE float gelu_tanh(float x) {
+  const float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  const float kKappa = 0.044715f;
+  const float inner = kBeta * (x + kKappa * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+// Final-logit softcap, fp32 as DiffusionGemma's head computes it: cap * tanh(x / cap).
+DG_HOST_DEVICE float softcap(float x, float cap) { return cap > 0.0f ? cap * tanhf(x / cap) : x; }
+
+// RMSNorm scale for a row whose squares sum to `sum_squares` (Gemma 4: plain weight, no 1 + w;
+// transformers uses pow(mean + eps, -0.5)).
+DG_HOST_DEVICE float rms_inverse(double sum_squares, int n, float eps) {
+  const float mean = static_cast<float>(sum_squares / n);
+  return powf(mean + eps, -0.5f);
+}
+
+// Normalises `x` (n values) into `out`, times `weight` when given (may alias x).
+DG_HOST_DEVICE void rms_norm_row(const float* x, const float* weight, int n, float eps, float* out) {
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = rms_inverse(ss, n, eps);
+  if (weight != nullptr) {
+    for (int i = 0; i < n; ++i) out[i] = (x[i] * inv) * weight[i];
+  } else {
+    for (int i = 0; i < n; ++i) out[i] = x[i] * inv;
+  }
+}
+
+// RoPE inverse frequency of pair i (0 <= i < head_dim/2): theta^-(2i/denominator) / factor for
+// the rotated pairs, 0 (no rotation) for the rest. Computed in fp32 as transformers does.
+DG_HOST_DEVICE float rope_inv_freq(int i, int rotated_pairs, int denominator, float theta, float factor) {
+  if (i >= rotated_pairs) return 0.0f;
+  const float exponent = static_cast<float>(2 * i) / static_cast<float>(denominator);
+  return (1.0f / powf(theta, exponent)) / factor;
+}
+
+// Rotate-half RoPE on one head vector in place: element i pairs with i + half (not interleaved).
+// cos/sin come from the fp32 angle pos * inv_freq.
+DG_HOST_DEVICE void rope_rotate_pair(float& lo, float& hi, float cos_a, float sin_a) {
+  const float x0 = lo, x1 = hi;
+  lo = x0 * cos_a - x1 * sin_a;
+  hi = x1 * cos_a + x0 * sin_a;
+}
+
+// Running softmax statistics of a stream of logits x_i: max m, S = sum e^(x-m) and
+// W = sum e^(x-m) (x-m). From them: logsumexp = m + log S, entropy = log S - W/S (nats). Blocks
+// merge exactly, so a vocabulary can be reduced in tiles, in any order, on any device.
+struct SoftmaxStats {
+  float max = -INFINITY;
+  float sum = 0.0f;
+  float weighted = 0.0f;
+
+  DG_HOST_DEVICE void merge(const SoftmaxStats& o) {
+    if (o.sum == 0.0f) return;
+    if (sum == 0.0f) {
+      *this = o;
+      return;
+    }
+    const float m = max > o.max ? max : o.max;
+    const float da = max - m, db = o.max - m;
+    const float ea = expf(da), eb = expf(db);
+    weighted = ea * (weighted + da * sum) + eb * (o.weighted + db * o.sum);
+    sum = ea * sum + eb * o.sum;
+    max = m;
+  }
+  DG_HOST_DEVICE float log_sum_exp() const { return max + logf(sum); }
+  DG_HOST_DEVICE float entropy() const {
+    const float h = logf(sum) - weighted / sum;
+    return h > 0.0f ? h : 0.0f;  // tiny negative values are rounding, entropy is >= 0
+  }
+};
+
+// Statistics of a block of n values whose maximum is already known (two-pass within a tile).
+DG_HOST_DEVICE SoftmaxStats softmax_stats_block(const float* x, int n, float block_max) {
+  SoftmaxStats s;
+  s.max = block_max;
+  float sum = 0.0f, weighted = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float d = x[i] - block_max;
+    const float e = expf(d);
+    sum += e;
+    if (e > 0.0f) weighted += e * d;  // masked (-inf) logits contribute nothing, not NaN
+  }
+  s.sum = sum;
+  s.weighted = weighted;
+  return s;
+}
+
+// Gumbel(0, 1) noise from a uniform in the open interval (0, 1).
+DG_HOST_DEVICE float gumbel(float u) { return -logf(-logf(u)); }
+
+// Router of one token (Gemma 4): softmax over expert logits, top-k by probability (ties: lower
+// expert first), renormalise to sum 1, then multiply by per_expert_scale[expert].
+// `probs` holds the softmax already; writes k weights and indices.
+DG_HOST_DEVICE void router_top_k(const float* probs, const float* per_expert_scale, int num_experts, int k,
+                                 float* weights, int* indices) {
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    float best_p = -1.0f;
+    for (int e = 0; e < num_experts; ++e) {
+      bool taken = false;
+      for (int t = 0; t < j; ++t) taken = taken || (indices[t] == e);
+      if (!taken && probs[e] > best_p) {
+        best_p = probs[e];
+        best = e;
+      }
+    }
+    indices[j] = best;
+    weights[j] = best_p;
+  }
+  float total = 0.0f;
+  for (int j = 0; j < k; ++j) total += weights[j];
+  for (int j = 0; j < k; ++j) weights[j] = (weights[j] / total) * per_expert_scale[indices[j]];
+}
+
+// Entropy-bound acceptance, decided in sorted (ascending entropy) order: position k is accepted
+// when the sum of the strictly earlier entropies is within the bound. transformers computes it
+// as float(inclusive cumsum, accumulated in double) - H_k <= float(bound); mirrored exactly.
+DG_HOST_DEVICE bool entropy_bound_accepts(double inclusive_prefix_sum, float entropy_k, float bound) {
+  const float cum = static_cast<float>(inclusive_prefix_sum);
+  return (cum - entropy_k) <= bound;
+}
+
+// Temperature of the linear schedule at `steps_remaining` = n (N..1), in fp32 as the reference:
+// t_min + (t_max - t_min) * (n / N).
+DG_HOST_DEVICE float linear_temperature(float t_min, float t_span, int steps_remaining, int max_steps) {
+  return t_min + t_span * (static_cast<float>(steps_remaining) / static_cast<float>(max_steps));
+}
+
+}  // namespace diffusion_gemma::math

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <string>
+
+#include <diffusion_gemma/io/config.hpp>
+
+#include "support/catch.hpp"
+
+using namespace diffusion_gemma;
+using Catch::Matchers::Contains;
+using io::Json;
+
+namespace {
+
+// config.json as transformers 5.x writes a tiny DiffusionGemma (per_layer_config spelling).
+Json tiny_dg() {
+  return Json::parse(R"({
+    "architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
+    "canvas_length": 16, "tie_word_embeddings": true,
+    "text_config": {
+      "model_type": "diffusion_gemma_text", "vocab_size": 300, "hidden_size": 64,
+      "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 16, "hidden_activation": "gelu_pytorch_tanh",
+      "max_position_embeddings": 512, "rms_norm_eps": 1e-06, "sliding_window": 8,
+      "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+      "per_layer_config": {"2": {"head_dim": 32, "num_key_value_heads": 1}},
+      "rope_parameters": {
+        "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+      "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 24,
+      "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1, "attention_bias": false,
+      "use_bidirectional_attention": null, "tie_word_embeddings": true}})");
+}
+
+std::string error_of(const Json& j) {
+  try {
+    io::parse_model_config(j, "config.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("DiffusionGemma config.json parses into per-layer shapes", "[io][config]") {
+  const ModelConfig c = io::parse_model_config(tiny_dg(), "config.json");
+  CHECK(c.family == ModelFamily::kDiffusionGemma);
+  CHECK(c.canvas_length == 16);
+  REQUIRE(c.num_layers() == 3);
+  CHECK(c.layers[0].type == LayerType::kSliding);
+  CHECK(c.layers[0].head_dim == 16);
+  CHECK(c.layers[0].num_kv_heads == 2);
+  CHECK(c.layers[0].has_v_proj);
+  CHECK(c.layers[2].type == LayerType::kFull);
+  CHECK(c.layers[2].head_dim == 32);
+  CHECK(c.layers[2].num_kv_heads == 1);
+  CHECK_FALSE(c.layers[2].has_v_proj);  // k_eq_v on full layers
+  CHECK(c.rope_full.type == RopeConfig::Type::kProportional);
+  CHECK(c.rope_full.rotated_pairs(32) == 4);
+  CHECK(c.rope_full.denominator(32) == 32);
+  CHECK(c.rope_sliding.rotated_pairs(16) == 8);
+  CHECK(c.final_logit_softcapping == 30.0f);  // DiffusionGemma's fixed value, not serialised by transformers
+  CHECK(c.enable_moe_block);
+  CHECK(c.num_experts == 4);
+}
+
+TEST_CASE("released-checkpoint spelling: global_head_dim and num_global_key_value_heads", "[io][config]") {
+  Json j = tiny_dg();
+  j["text_config"].erase("per_layer_config");
+  j["text_config"]["global_head_dim"] = 32;
+  j["text_config"]["num_global_key_value_heads"] = 1;
+  j["text_config"]["attention_k_eq_v"] = true;
+  j["text_config"]["final_logit_softcapping"] = 30.0;
+  const ModelConfig c = io::parse_model_config(j, "config.json");
+  CHECK(c.layers[2].head_dim == 32);
+  CHECK(c.layers[2].num_kv_heads == 1);
+  CHECK(c.layers[1].head_dim == 16);
+
+  j["text_config"].erase("global_head_dim");
+  CHECK_THAT(error_of(j), Contains("missing required key 'text_config.global_head_dim'"));
+}
+
+TEST_CASE("plain Gemma 4 text config, MoE off, with v_proj on full layers", "[io][config]") {
+  Json j = tiny_dg()["text_config"];
+  j["model_type"] = "gemma4_text";
+  j["enable_moe_block"] = false;
+  j["attention_k_eq_v"] = false;
+  j["hidden_size_per_layer_input"] = 0;
+  j["final_logit_softcapping"] = 30.0;
+  const ModelConfig c = io::parse_model_config(j, "config.json");
+  CHECK(c.family == ModelFamily::kGemma4Text);
+  CHECK_FALSE(c.enable_moe_block);
+  CHECK(c.layers[2].has_v_proj);
+  j["hidden_size_per_layer_input"] = 256;
+  CHECK_THAT(error_of(j), Contains("hidden_size_per_layer_input") && Contains("PLE"));
+  j["hidden_size_per_layer_input"] = 0;
+  j.erase("enable_moe_block");
+  CHECK_THAT(error_of(j), Contains("enable_moe_block"));
+}
+
+TEST_CASE("config errors name the key at fault", "[io][config]") {
+  Json j = tiny_dg();
+  SECTION("missing key") {
+    j["text_config"].erase("hidden_size");
+    CHECK_THAT(error_of(j), Contains("missing required key 'text_config.hidden_size'"));
+  }
+  SECTION("wrong type") {
+    j["text_config"]["num_hidden_layers"] = "three";
+    CHECK_THAT(error_of(j), Contains("text_config.num_hidden_layers") && Contains("expected an integer"));
+  }
+  SECTION("zero layers") {
+    j["text_config"]["num_hidden_layers"] = 0;
+    CHECK_THAT(error_of(j), Contains("num_hidden_layers: must be at least 1"));
+  }
+  SECTION("heads not a multiple of KV heads") {
+    j["text_config"]["num_key_value_heads"] = 3;
+    CHECK_THAT(error_of(j), Contains("not a multiple of num_key_value_heads 3"));
+  }
+  SECTION("top-k larger than the number of experts") {
+    j["text_config"]["top_k_experts"] = 5;
+    CHECK_THAT(error_of(j), Contains("top_k_experts must be in 1..num_experts=4"));
+  }
+  SECTION("layer_types of the wrong length") {
+    j["text_config"]["layer_types"] = Json::array({"full_attention"});
+    CHECK_THAT(error_of(j), Contains("layer_types"));
+  }
+  SECTION("unsupported activation") {
+    j["text_config"]["hidden_activation"] = "silu";
+    CHECK_THAT(error_of(j), Contains("hidden_activation") && Contains("silu"));
+  }
+  SECTION("attention logit softcapping") {
+    j["text_config"]["attn_logit_softcapping"] = 50.0;
+    CHECK_THAT(error_of(j), Contains("attn_logit_softcapping"));
+  }
+  SECTION("unknown model type") {
+    j["model_type"] = "llama";
+    CHECK_THAT(error_of(j), Contains("model type 'llama' is not supported"));
+  }
+  SECTION("unknown RoPE type") {
+    j["text_config"]["rope_parameters"]["full_attention"]["rope_type"] = "yarn";
+    CHECK_THAT(error_of(j), Contains("rope_parameters.full_attention.rope_type") && Contains("yarn"));
+  }
+  SECTION("per_layer_config with a bad index") {
+    j["text_config"]["per_layer_config"]["9"] = Json::object();
+    CHECK_THAT(error_of(j), Contains("per_layer_config keys must be layer indices"));
+  }
+  SECTION("bidirectional text attention") {
+    j["text_config"]["use_bidirectional_attention"] = "all";
+    CHECK_THAT(error_of(j), Contains("use_bidirectional_attention"));
+  }
+  SECTION("missing canvas_length") {
+    j.erase("canvas_length");
+    CHECK_THAT(error_of(j), Contains("canvas_length"));
+  }
+}
+
+TEST_CASE("generation_config.json: values, nulls fall back to the reference defaults", "[io][config]") {
+  const Json j = Json::parse(R"({"max_new_tokens": 512, "max_denoising_steps": null, "t_min": 0.3,
+     "sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.2},
+     "eos_token_id": [1, 106], "pad_token_id": 0, "stability_threshold": 2, "confidence_threshold": 0.01})");
+  const GenerationConfig g = io::parse_generation_config(j, "generation_config.json");
+  CHECK(g.max_new_tokens == 512);
+  CHECK(g.max_denoising_steps == 48);
+  CHECK(g.t_min == 0.3);
+  CHECK(g.t_max == 0.8);
+  CHECK(g.entropy_bound == 0.2);
+  CHECK(g.stop_token_ids == std::vector<int>{1, 106});
+  CHECK(g.stability_threshold == 2);
+
+  const Json bad = Json::parse(R"({"t_min": 0.9, "t_max": 0.8})");
+  CHECK_THROWS_WITH(io::parse_generation_config(bad, "g.json"), Contains("t_max must be > t_min"));
+  const Json sampler = Json::parse(R"({"sampler_config": {"_cls_name": "TopKSampler"}})");
+  CHECK_THROWS_WITH(io::parse_generation_config(sampler, "g.json"), Contains("TopKSampler"));
+  // Defaults when there is no key at all: the released checkpoint's stop set.
+  const GenerationConfig d = io::parse_generation_config(Json::object(), "g.json");
+  CHECK(d.stop_token_ids == std::vector<int>{1, 106, 50});
+}
