@@ -1,0 +1,203 @@
+"""Train the tiny DiffusionGemma (models/dg-tiny-tasks) from scratch: ONE command does everything.
+
+    tools/reference/.venv/bin/python tools/train/train.py            # data + tokenizer + training + save
+
+Steps (all seeded, deterministic on a given machine/thread count):
+  1. task data  -> tools/train/data/{train,test}.jsonl          (tasks.py, seed 1234)
+  2. tokenizer  -> <out>/tokenizer.json                           (build_tokenizer.py, BPE, 512 ids)
+  3. training   (recipe below)
+  4. save       -> <out>/{config.json, generation_config.json, model.safetensors (bf16), tokenizer*.json}
+                   and tools/train/logs/train_log.json (loss curve, timings)
+
+Recipe (DiffusionGemma's published block-diffusion recipe, scaled down):
+  * every example is split into canvases of 16 tokens: target = answer, <turn|>, <pad>...; canvas k is
+    denoised against prefix = prompt + the k committed earlier canvases (encoded causally into a HF
+    DynamicCache exactly as generate() does; the decoder reads that cache), see common.canvas_instances;
+  * uniform-state corruption: each canvas position is replaced by a uniform random id over the whole
+    vocabulary with probability t, t ~ U(1e-3, 1) per example;
+  * loss: cross-entropy against the clean canvas over all 16 positions (answer, <turn|> and the filler);
+  * self-conditioning, two-pass (Analog Bits), p = 0.5 per example: a first decoder pass without SC under
+    no_grad, then the trained pass gets the first pass's logits divided by a temperature T ~ U(0.4, 0.8)
+    (per example) as `self_conditioning_logits`; rows not selected get `self_conditioning_mask=False`
+    (zero SC signal, like step 1 of every canvas at inference). Dividing by T makes the training SC input
+    match inference, where the SC input is the previous step's temperature-scaled logits (T = 0.8..0.41);
+  * batches hold instances of one prefix length (bucketed), so there is no padding and the masks are the
+    inference masks (check_masks.py verifies training logits == generate()'s logits);
+  * AdamW (0.9, 0.98), weight decay 0.01, linear warmup then cosine decay to 10 %, grad-norm clip 1.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import build_tokenizer  # noqa: E402
+import common  # noqa: E402
+import tasks  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(common.HERE, "..", ".."))
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(REPO, "models", "dg-tiny-tasks"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--n-train", type=int, default=40000, help="train examples per task")
+    ap.add_argument("--n-test", type=int, default=100, help="held-out examples per task")
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--min-lr-frac", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--sc-prob", type=float, default=0.5)
+    ap.add_argument("--text-config", default="{}", help="JSON overrides of common.TEXT_CONFIG")
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--log", default=os.path.join(common.HERE, "logs", "train_log.json"))
+    return ap.parse_args()
+
+
+def lr_at(step, args):
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    p = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def main():
+    args = parse_args()
+    t_start = time.time()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(common.DATA_DIR, exist_ok=True)
+    os.makedirs(os.path.dirname(args.log), exist_ok=True)
+
+    # 1. data
+    train_ex, test_ex = tasks.make_splits(args.n_train, args.n_test)
+    common.write_jsonl(os.path.join(common.DATA_DIR, "train.jsonl"), train_ex)
+    common.write_jsonl(os.path.join(common.DATA_DIR, "test.jsonl"), test_ex)
+    t_data = time.time() - t_start
+    print(f"[data] {len(train_ex)} train / {len(test_ex)} test examples ({t_data:.1f}s)", flush=True)
+
+    # 2. tokenizer (trained on the train split only)
+    tok = build_tokenizer.build([e["prompt"] + e["answer"] + "<turn|>" for e in train_ex], common.VOCAB_SIZE,
+                                os.path.join(args.out, "tokenizer.json"))
+    with open(os.path.join(args.out, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "GemmaTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+                   "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<mask>", "add_bos_token": True,
+                   "add_eos_token": False, "padding_side": "left", "model_max_length": 512}, f, indent=2)
+        f.write("\n")
+
+    # 3. training instances, bucketed by prefix length
+    C = common.CANVAS_LENGTH
+    buckets: dict[int, list] = {}
+    n_inst = 0
+    for e in train_ex:
+        prompt, answer = common.encode_example(tok, e)
+        for prefix, target in common.canvas_instances(prompt, answer, C):
+            buckets.setdefault(len(prefix), []).append((prefix, target))
+            n_inst += 1
+    lengths = sorted(buckets)
+    weights = [len(buckets[n]) for n in lengths]
+    t_prep = time.time() - t_start
+    print(f"[prep] tokenizer + {n_inst} canvas instances in {len(lengths)} length buckets "
+          f"({lengths[0]}..{lengths[-1]}) ({t_prep:.1f}s)", flush=True)
+
+    # 4. model
+    from transformers import DiffusionGemmaForBlockDiffusion
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
+
+    cfg = common.make_config(json.loads(args.text_config))
+    torch.manual_seed(args.seed)
+    model = DiffusionGemmaForBlockDiffusion(cfg)
+    model.train()
+    params = common.count_params(model)
+    print(f"[model] params {params}", flush=True)
+    V = cfg.text_config.vocab_size
+
+    decay, no_decay = [], []
+    seen = set()
+    for n, p in model.named_parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.ndim >= 2 and "embed" not in n else no_decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
+
+    rng = random.Random(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    log = {"args": vars(args), "params": params, "curve": []}
+    run_loss, run_acc, run_n = 0.0, 0.0, 0
+    t_train0 = time.time()
+    for step in range(args.steps):
+        n = rng.choices(lengths, weights)[0]
+        pool = buckets[n]
+        batch = [pool[rng.randrange(len(pool))] for _ in range(args.batch)]
+        prefix = torch.tensor([b[0] for b in batch])
+        target = torch.tensor([b[1] for b in batch])
+        noisy, _ = common.corrupt(target, V, gen)
+
+        from transformers import DynamicCache
+        cache = DynamicCache(config=cfg.get_text_config(decoder=True))
+        model.model.encoder(input_ids=prefix, cache=cache)
+        sc_mask = torch.rand(args.batch, generator=gen) < args.sc_prob
+        sc_logits = None
+        if sc_mask.any():
+            with torch.no_grad():
+                first, _ = common.train_forward(model, prefix, noisy, cache=cache)
+                temp = 0.4 + 0.4 * torch.rand(args.batch, 1, 1, generator=gen)
+                sc_logits = first / temp
+        logits, _ = common.train_forward(model, prefix, noisy, sc_logits=sc_logits,
+                                         sc_mask=sc_mask if sc_logits is not None else None, cache=cache)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), target.reshape(-1))
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+        run_loss += loss.item()
+        run_acc += (logits.argmax(-1) == target).float().mean().item()
+        run_n += 1
+        if (step + 1) % args.log_every == 0 or step == args.steps - 1:
+            el = time.time() - t_train0
+            rec = {"step": step + 1, "loss": run_loss / run_n, "tok_acc": run_acc / run_n,
+                   "lr": lr_at(step, args), "gnorm": float(gnorm), "elapsed_s": round(el, 1)}
+            log["curve"].append(rec)
+            print(f"[train] step {step + 1:5d} loss {rec['loss']:.4f} acc {rec['tok_acc']:.4f} "
+                  f"lr {rec['lr']:.2e} gnorm {rec['gnorm']:.2f} {el:.0f}s ({el / (step + 1):.3f}s/step)",
+                  flush=True)
+            run_loss, run_acc, run_n = 0.0, 0.0, 0
+    t_train = time.time() - t_train0
+
+    # 5. save (bf16 by default) + generation config
+    model.eval()
+    save_dtype = getattr(torch, args.save_dtype)
+    model.to(save_dtype)
+    model.config.dtype = args.save_dtype
+    model.generation_config = DiffusionGemmaGenerationConfig(**common.GENERATION_CONFIG)
+    model.save_pretrained(args.out)
+    total = time.time() - t_start
+    log.update({"time_data_s": t_data, "time_prep_s": t_prep, "time_train_s": t_train, "time_total_s": total,
+                "steps_per_s": args.steps / t_train, "threads": args.threads, "torch": torch.__version__})
+    with open(args.log, "w") as f:
+        json.dump(log, f, indent=1)
+    print(f"[done] saved {args.out} ({args.save_dtype}); train {t_train:.0f}s, total wall {total:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
