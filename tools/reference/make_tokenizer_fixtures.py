@@ -7,8 +7,9 @@ Regenerate (from the repository root; deterministic, no network):
 
 Writes into that directory:
   <name>.json            tokenizer.json files (Hugging Face `tokenizers` format), see TOKENIZERS below
-  golden.json            per tokenizer and corpus string: ids (add_special_tokens=True and False) and the
-                         decoded text (skip_special_tokens=True and False); decode-only cases; chat renderings
+  golden.json            the corpus, and per tokenizer and corpus string: ids (add_special_tokens=True and False)
+                         and the decoded text (skip_special_tokens=True and False); decode-only cases; component
+                         variants of gemma_bpe_1000.json; chat renderings
   unsupported_*.json     tokenizer.json files with one component the C++ loader must reject
 
 The pipeline follows Gemma's tokenizer.json (transformers' GemmaConverter / GemmaTokenizer): a BPE model with
@@ -412,6 +413,58 @@ def chat_golden(chat_tok):
     return out
 
 
+# ---- component variants ----------------------------------------------------------------------------------------
+# Top-level components substituted into gemma_bpe_1000.json, to pin the behaviours Gemma's own files do not use
+# (every Split behavior, invert, Sequence, multi-character patterns, Strip, no decoder, a longer template).
+# Strip keeps stop=0: `tokenizers` panics on tokens shorter than `stop`, and the C++ loader rejects stop > 0.
+def _split(pattern, behavior, invert=False):
+    return {"type": "Split", "pattern": {"String": pattern}, "behavior": behavior, "invert": invert}
+
+
+def _replace(pattern, content):
+    return {"type": "Replace", "pattern": {"String": pattern}, "content": content}
+
+
+_GEMMA_DECODERS = [_replace("▁", " "), {"type": "ByteFallback"}, {"type": "Fuse"}]
+VARIANTS = [
+    dict(name="split isolated", override={"pre_tokenizer": _split("▁", "Isolated")}),
+    dict(name="split removed", override={"pre_tokenizer": _split("▁", "Removed")}),
+    dict(name="split removed inverted", override={"pre_tokenizer": _split("▁", "Removed", True)}),
+    dict(name="split contiguous", override={"pre_tokenizer": _split("▁", "Contiguous")}),
+    dict(name="split merged with previous", override={"pre_tokenizer": _split("▁", "MergedWithPrevious")}),
+    dict(name="split merged with next inverted", override={"pre_tokenizer": _split("e", "MergedWithNext", True)}),
+    dict(name="split sequence", override={"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        _split("e", "MergedWithNext"), _split("▁▁", "Isolated"), _split("\n", "Contiguous")]}}),
+    dict(name="normalizer sequence", override={"normalizer": {"type": "Sequence", "normalizers": [
+        _replace("  ", "\t"), {"type": "Prepend", "prepend": "▁"}, _replace(" ", "▁"), _replace("th", "T")]}}),
+    dict(name="no decoder, bos and eos template", override={"decoder": None, "post_processor": {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                   {"SpecialToken": {"id": "<eos>", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]},
+                           "<eos>": {"id": "<eos>", "ids": [1], "tokens": ["<eos>"]}}}}),
+    dict(name="strip after fuse", override={"post_processor": None, "decoder": {
+        "type": "Sequence", "decoders": _GEMMA_DECODERS + [{"type": "Strip", "content": " ", "start": 2, "stop": 0}]}}),
+    dict(name="strip per token", override={"decoder": {"type": "Sequence", "decoders": [
+        _replace("▁", " "), {"type": "ByteFallback"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}}),
+    dict(name="decoder replace only", override={"decoder": _replace("▁", "_")}),
+]
+
+
+def variant_golden(base_path, corpus, indices):
+    with open(base_path, encoding="utf-8") as f:
+        base = json.load(f)
+    out = []
+    for v in VARIANTS:
+        j = dict(base)
+        j.update(v["override"])
+        tok = Tokenizer.from_str(json.dumps(j))
+        out.append(dict(name=v["name"], base="gemma_bpe_1000.json", override=v["override"], corpus_indices=indices,
+                        results=[result(tok, corpus[i]["text"]) for i in indices]))
+    return out
+
+
 # ---- unsupported components ------------------------------------------------------------------------------------
 def unsupported_variants(base_path, out_dir):
     with open(base_path, encoding="utf-8") as f:
@@ -435,6 +488,12 @@ def unsupported_variants(base_path, out_dir):
     return written
 
 
+def result(tok, text):
+    ids = tok.encode(text).ids
+    return dict(ids=ids, ids_no_special=tok.encode(text, add_special_tokens=False).ids,
+                decoded=tok.decode(ids), decoded_keep=tok.decode(ids, skip_special_tokens=False))
+
+
 def main():
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
@@ -442,32 +501,25 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     rng = random.Random(SEED)
     lines = training_lines(rng, 6000)
-    corpus_rng = random.Random(SEED + 1)
-    random_corpus = random_strings(corpus_rng, 120)
+    random_corpus = random_strings(random.Random(SEED + 1), 80)
 
-    golden = {"generator": "tools/reference/make_tokenizer_fixtures.py", "tokenizers": [], "chat": None}
+    # One corpus shared by every tokenizer; results are aligned with it by index.
+    corpus = [dict(text=t) for t in FIXED_CORPUS + [LONG_ENGLISH] + random_corpus]
+    corpus += [dict(bytes_hex=raw.hex(), text=raw.decode("utf-8", errors="replace")) for raw in INVALID_UTF8]
+    golden = {"generator": "tools/reference/make_tokenizer_fixtures.py", "corpus": corpus, "tokenizers": []}
     loaded = {}
     for spec in TOKENIZERS:
         path = os.path.join(out_dir, spec["name"] + ".json")
         tok = save_tokenizer(build_tokenizer(spec, lines), spec, path)
         loaded[spec["name"]] = tok
-        entries = []
-        texts = [(t, None) for t in FIXED_CORPUS + [LONG_ENGLISH] + random_corpus]
-        texts += [(raw.decode("utf-8", errors="replace"), raw) for raw in INVALID_UTF8]
-        for text, raw in texts:
-            enc = tok.encode(text)
-            entry = {"ids": enc.ids, "ids_no_special": tok.encode(text, add_special_tokens=False).ids,
-                     "decoded": tok.decode(enc.ids), "decoded_keep": tok.decode(enc.ids, skip_special_tokens=False)}
-            if raw is None:
-                entry = {"text": text, **entry}
-            else:
-                entry = {"bytes_hex": raw.hex(), "text_replaced": text, **entry}
-            entries.append(entry)
         golden["tokenizers"].append(dict(file=spec["name"] + ".json", vocab_size=tok.get_vocab_size(),
-                                         corpus=entries, decode=decode_cases(tok, spec)))
+                                         results=[result(tok, c["text"]) for c in corpus],
+                                         decode=decode_cases(tok, spec)))
         size = os.path.getsize(path)
         if size >= 300_000:
             raise SystemExit(f"{path} is {size} bytes; keep fixtures under 300 KB")
+    variant_indices = list(range(len(FIXED_CORPUS))) + list(range(len(FIXED_CORPUS) + 1, len(FIXED_CORPUS) + 9))
+    golden["variants"] = variant_golden(os.path.join(out_dir, "gemma_bpe_1000.json"), corpus, variant_indices)
     golden["chat"] = dict(tokenizer="gemma_bpe_1000.json", cases=chat_golden(loaded["gemma_bpe_1000"]))
     golden["unsupported"] = unsupported_variants(os.path.join(out_dir, "gemma_bpe_1000.json"), out_dir)
     with open(os.path.join(out_dir, "golden.json"), "w", encoding="ascii") as f:

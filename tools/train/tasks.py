@@ -21,6 +21,8 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
+
 TASKS = ("sort", "add", "reverse", "sudoku")
 
 BOS, SOT, EOT = "<bos>", "<|turn>", "<turn|>"
@@ -58,10 +60,13 @@ def _all_4x4_grids() -> list[tuple[int, ...]]:
 
 GRIDS = _all_4x4_grids()
 assert len(GRIDS) == 288
+_GRID_ARRAY = np.array(GRIDS, dtype=np.int8)
 
 
 def sudoku_solutions(puzzle: tuple[int, ...]) -> list[tuple[int, ...]]:
-    return [g for g in GRIDS if all(p == 0 or p == v for p, v in zip(puzzle, g))]
+    p = np.array(puzzle, dtype=np.int8)
+    ok = ((p == 0) | (_GRID_ARRAY == p)).all(axis=1)
+    return [GRIDS[i] for i in np.flatnonzero(ok)]
 
 
 def grid_str(cells) -> str:

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Gemma 4 chat format (spec/MODEL.md section 9), text-only:
+//
+//   <bos>[<|turn>system\n[<|think|>\n]SYSTEM<turn|>\n](<|turn>user\nUSER<turn|>\n | <|turn>model\nMODEL<turn|>\n)*
+//   [<|turn>model\n]                                                     (the generation prompt)
+//
+// render_chat() reproduces what the checkpoint's Jinja chat template renders for conversations without tools or
+// media: contents are trimmed with Python's str.strip(); past model turns lose their thinking
+// (`<|channel>...<channel|>`) before trimming; "assistant" becomes the role "model"; consecutive assistant
+// messages continue one model turn (the template writes no second header); enable_thinking puts <|think|> at the
+// top of the system turn, creating one when the conversation has no system message. Some copies of the template
+// append an empty thought channel `<|channel>thought\n<channel|>` to the generation prompt when thinking is off;
+// set ChatOptions::empty_thought_channel to match such a checkpoint. tests/io/chat_format_test.cpp compares the
+// output with a Jinja rendering (tools/reference/make_tokenizer_fixtures.py).
+//
+// As text, the rendering begins with "<bos>"; encode_chat() therefore encodes it without the tokenizer's own
+// post-processor, so the ids start with exactly one <bos> (id 2) whether or not tokenizer.json adds one. Content
+// that spells a special token ("<eos>") is encoded as that token, as transformers' apply_chat_template does.
+//
+// Stop ids: a model turn ends with <turn|>, so generation stops at the ids of generation_config.json, parsed as
+// GenerationConfig::stop_token_ids: {1 <eos>, 106 <turn|>, 50 <|tool_response>} for Gemma 4 (JAX end_tokens).
+// chat_stop_ids() returns them after checking that the tokenizer knows each one.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <diffusion_gemma/core/status.hpp>
+#include <diffusion_gemma/io/tokenizer.hpp>
+#include <diffusion_gemma/io/tokenizer_text.hpp>
+#include <diffusion_gemma/model/config.hpp>
+
+namespace diffusion_gemma::io {
+
+struct ChatMessage {
+  std::string role;  // "system" / "developer" (as the first message), "user", "assistant" or "model"
+  std::string content;
+};
+
+struct ChatOptions {
+  bool add_generation_prompt = true;
+  bool enable_thinking = false;
+  bool empty_thought_channel = false;  // see the header comment
+  std::string bos_token = "<bos>";
+};
+
+// The template's strip_thinking: drops every `<|channel>...` up to the next `<channel|>` (and any stray
+// `<channel|>`), then trims.
+inline std::string strip_thinking(std::string_view text) {
+  constexpr std::string_view kOpen = "<|channel>", kClose = "<channel|>";
+  std::string out;
+  std::size_t pos = 0;
+  for (;;) {
+    const std::size_t close = text.find(kClose, pos);
+    const std::string_view part = text.substr(pos, close == std::string_view::npos ? std::string_view::npos : close - pos);
+    out.append(part.substr(0, part.find(kOpen)));
+    if (close == std::string_view::npos) break;
+    pos = close + kClose.size();
+  }
+  return std::string(tokenizer_detail::python_strip(out));
+}
+
+inline std::string render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& options = {}) {
+  if (messages.empty()) throw_error(StatusCode::kInvalidArgument, "chat: the conversation has no messages");
+  const auto is_model = [](const std::string& role) { return role == "assistant" || role == "model"; };
+  std::string out = options.bos_token;
+  std::size_t first = 0;
+  const bool first_is_system = messages[0].role == "system" || messages[0].role == "developer";
+  if (options.enable_thinking || first_is_system) {
+    out += "<|turn>system\n";
+    if (options.enable_thinking) out += "<|think|>\n";
+    if (first_is_system) {
+      out += tokenizer_detail::python_strip(messages[0].content);
+      first = 1;
+    }
+    out += "<turn|>\n";
+  }
+  for (std::size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role != "system" && m.role != "user" && !is_model(m.role)) {
+      throw_error(StatusCode::kInvalidArgument, "chat: message ", i, " has role '", m.role,
+                  "' (expected user, assistant or model; system or developer only first)");
+    }
+    if (is_model(m.role)) {
+      if (i == first || !is_model(messages[i - 1].role)) out += "<|turn>model\n";
+      out += strip_thinking(m.content);
+    } else {
+      out += "<|turn>" + m.role + "\n";
+      out += tokenizer_detail::python_strip(m.content);
+    }
+    out += "<turn|>\n";
+  }
+  if (options.add_generation_prompt) {
+    out += "<|turn>model\n";
+    if (options.empty_thought_channel && !options.enable_thinking) out += "<|channel>thought\n<channel|>";
+  }
+  return out;
+}
+
+inline std::vector<int> encode_chat(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
+                                    const ChatOptions& options = {}) {
+  return tokenizer.encode(render_chat(messages, options), /*add_special_tokens=*/false);
+}
+
+inline std::vector<int> chat_stop_ids(const GenerationConfig& generation, const Tokenizer& tokenizer) {
+  for (const int id : generation.stop_token_ids) {
+    if (!tokenizer.has_id(id)) {
+      throw_error(StatusCode::kInvalidArgument, generation.source, ": stop token id ", id, " is not in ",
+                  tokenizer.source());
+    }
+  }
+  return generation.stop_token_ids;
+}
+
+}  // namespace diffusion_gemma::io

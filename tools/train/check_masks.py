@@ -1,0 +1,168 @@
+"""Check that the training forward sees exactly what inference (transformers' generate) sees.
+
+    tools/reference/.venv/bin/python tools/train/check_masks.py [--model models/dg-tiny-tasks]
+
+The risk: at inference the prompt is encoded into a DynamicCache whose sliding-window layers keep only
+the last sliding_window - 1 tokens, and every committed canvas is re-encoded in a separate encoder call;
+the denoiser then sees, on sliding layers, only those cached tokens (MODEL.md §5.2). A training forward
+that shows the denoiser the whole prefix on sliding layers would train a different function.
+
+What this script does, in float32:
+  1. runs model.generate() on prompts longer than the sliding window, for two canvases (so the second
+     canvas is denoised against prompt + a committed canvas), recording every decoder call: input canvas,
+     self-conditioning logits, position ids and the logits generate computed;
+  2. recomputes each of those logits with the training forward (common.train_forward: one causal encoder
+     call over prompt + committed canvases into a fresh DynamicCache, then the decoder; the trainer's code
+     path), with the one-call form model(input_ids=prefix, decoder_input_ids=canvas, ...) and with a
+     batch of two different prompts of the same length (the trainer's batching), and reports the max
+     abs difference;
+  3. negative control: the same decoder call with a cache whose sliding layers keep the WHOLE prefix
+     (what a naive full-prefix training mask would show) must differ clearly, proving the check can see
+     the difference.
+Passes if every training-path difference is < 1e-3 (float32 round-off of a different op order) and
+argmaxes agree, while the control differs by > 10x that. Exit code 0 on pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+TOL = 1e-3
+
+
+def record_generate(model, prompt_ids, canvases, seed):
+    calls = []
+    orig = model.forward
+
+    def fwd(*a, **kw):
+        out = orig(*a, **kw)
+        if kw.get("input_ids") is None and kw.get("decoder_input_ids") is not None:
+            sc = kw.get("self_conditioning_logits")
+            calls.append({"canvas": kw["decoder_input_ids"].clone(),
+                          "sc": None if sc is None else sc.clone(),
+                          "pos": kw["decoder_position_ids"].clone(),
+                          "logits": out.logits.clone()})
+        return out
+
+    model.forward = fwd
+    try:
+        torch.manual_seed(seed)
+        C = model.config.canvas_length
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=canvases * C, eos_token_id=None,
+                             max_denoising_steps=6)
+    finally:
+        del model.forward
+    return out.sequences[0].tolist(), calls
+
+
+def leaky_logits(model, prefix, canvas, sc):
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    for layer in cache.layers:
+        if hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording()  # sliding layers keep every prefix token
+    model.model.encoder(input_ids=prefix, cache=cache)
+    return model(decoder_input_ids=canvas, cache=cache, self_conditioning_logits=sc).logits
+
+
+def run(model, prompts, label):
+    C = model.config.canvas_length
+    W = model.config.text_config.sliding_window
+    worst_train, worst_onecall, worst_batch, min_leak = 0.0, 0.0, 0.0, float("inf")
+    argmax_ok = True
+    n_calls = 0
+    seqs = []
+    for pi, prompt in enumerate(prompts):
+        assert len(prompt) > W, "prompt must be longer than the sliding window"
+        seq, calls = record_generate(model, prompt, canvases=2, seed=pi)
+        seqs.append(seq)
+        P = len(prompt)
+        steps_per_canvas = len(calls) // 2
+        for j, c in enumerate(calls):
+            k = (int(c["pos"][0, 0]) - P) // C  # canvas index
+            prefix = torch.tensor([seq[: P + k * C]])
+            with torch.no_grad():
+                lt, _ = common.train_forward(model, prefix, c["canvas"], sc_logits=c["sc"],
+                                             sc_mask=None if c["sc"] is None else torch.ones(1, dtype=torch.bool))
+                l1 = model(input_ids=prefix, decoder_input_ids=c["canvas"], self_conditioning_logits=c["sc"]).logits
+                ll = leaky_logits(model, prefix, c["canvas"], c["sc"])
+            d_t = (lt - c["logits"]).abs().max().item()
+            d_1 = (l1 - c["logits"]).abs().max().item()
+            d_l = (ll - c["logits"]).abs().max().item()
+            worst_train, worst_onecall = max(worst_train, d_t), max(worst_onecall, d_1)
+            min_leak = min(min_leak, d_l)
+            argmax_ok &= bool((lt.argmax(-1) == c["logits"].argmax(-1)).all())
+            n_calls += 1
+        del steps_per_canvas
+    # batching: two prompts of the same length in one training batch == each alone
+    by_len = {}
+    for p in prompts:
+        by_len.setdefault(len(p), []).append(p)
+    pair = next((v[:2] for v in by_len.values() if len(v) >= 2), None)
+    if pair is not None:
+        g = torch.Generator().manual_seed(0)
+        canvas = torch.randint(0, model.config.text_config.vocab_size, (2, C), generator=g)
+        sc = torch.randn(2, C, model.config.text_config.vocab_size, generator=g) * 3
+        with torch.no_grad():
+            lb, _ = common.train_forward(model, torch.tensor(pair), canvas, sc_logits=sc,
+                                         sc_mask=torch.tensor([True, False]))
+            for r in range(2):
+                lr, _ = common.train_forward(model, torch.tensor(pair[r:r + 1]), canvas[r:r + 1],
+                                             sc_logits=sc[r:r + 1] if r == 0 else None)
+                worst_batch = max(worst_batch, (lb[r] - lr[0]).abs().max().item())
+    ok = worst_train < TOL and worst_onecall < TOL and worst_batch < TOL and argmax_ok and min_leak > 10 * TOL
+    res = {"model": label, "prompts": len(prompts), "prompt_lengths": [len(p) for p in prompts],
+           "sliding_window": W, "canvas_length": C, "decoder_calls_checked": n_calls,
+           "max_abs_diff_train_forward_vs_generate": worst_train,
+           "max_abs_diff_one_call_forward_vs_generate": worst_onecall,
+           "max_abs_diff_batched_vs_single": worst_batch,
+           "argmax_identical": argmax_ok,
+           "min_abs_diff_full_prefix_control_vs_generate": min_leak,
+           "pass": ok}
+    print(json.dumps(res, indent=1), flush=True)
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None, help="trained checkpoint dir (also runs on a random-init model)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: <model>/tokenizer.json)")
+    ap.add_argument("--n", type=int, default=4, help="prompts per task")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from tokenizers import Tokenizer
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    tok_path = args.tokenizer or os.path.join(
+        args.model or os.path.join(common.HERE, "..", "..", "models", "dg-tiny-tasks"), "tokenizer.json")
+    tok = Tokenizer.from_file(tok_path)
+    rows = common.load_jsonl(os.path.join(common.DATA_DIR, "test.jsonl"))
+    prompts = []
+    for task in ("sort", "reverse", "sudoku", "add"):
+        sel = [r for r in rows if r["task"] == task]
+        sel.sort(key=lambda r: -len(r["prompt"]))
+        prompts += [tok.encode(r["prompt"], add_special_tokens=False).ids for r in sel[: args.n]]
+
+    ok = True
+    torch.manual_seed(0)
+    rnd = DiffusionGemmaForBlockDiffusion(common.make_config()).eval()
+    ok &= run(rnd, prompts, "random init, float32")
+    if args.model:
+        m = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=torch.float32).eval()
+        ok &= run(m, prompts, f"{args.model} upcast to float32")
+    print("PASS" if ok else "FAIL")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
