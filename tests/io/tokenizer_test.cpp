@@ -175,7 +175,8 @@ TEST_CASE("Gemma-style tokenizer: special ids, bos template, lookups", "[io][tok
 
 TEST_CASE("decode rejects ids that name no token, naming the id", "[io][tokenizer]") {
   const Tokenizer tok = Tokenizer::from_file(fixture_path("gemma_bpe_1000.json"));
-  for (const int id : {-1, 1000, 1 << 30}) {
+  REQUIRE(tok.id_limit() == 1000);
+  for (const int id : {-1, tok.id_limit(), 1 << 30}) {
     const Error e = error_of([&] { tok.decode(std::vector<int>{2, id}); });
     CHECK(e.code() == StatusCode::kOutOfRange);
     CHECK_THAT(e.what(), Contains("token id " + std::to_string(id) + " is not in the vocabulary"));

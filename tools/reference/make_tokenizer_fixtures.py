@@ -126,6 +126,11 @@ def training_lines(rng, n_lines):
             lines.append("    indented line\twith a tab")
         if i % 53 == 0:
             lines.append("def f(x):\n    return x + 1\n")
+        if i % 29 == 0:
+            # Runs of one character teach merges like ("-", "-") whose occurrences overlap, where the
+            # leftmost-first rule of BPE decides the result.
+            lines.append(rng.choice(["----------", "==========", "Hmmmmmmm", "Zzzzzzzzz", "1000000", "......",
+                                     "!!!!!!", "aaaaaaa", "ooooooh", "xxx"]))
     return lines
 
 
@@ -161,9 +166,12 @@ TOKENIZERS = [
 ]
 
 
+WHITESPACE_MERGES = [("▁", "▁"), ("▁▁", "▁▁"), ("\n", "\n")]
+
+
 def build_tokenizer(spec, lines):
     specials = special_table(spec["layout"])
-    n_fixed = len(specials) + (256 if spec["bytes"] else 0)
+    n_fixed = len(specials) + (256 if spec["bytes"] else 0) + len(WHITESPACE_MERGES)
     pieces, merges = train_pieces(lines, spec["vocab"] - n_fixed, spec["prepend"])
     vocab = {}
     for i in sorted(specials):
@@ -178,6 +186,13 @@ def build_tokenizer(spec, lines):
             raise SystemExit(f"trained piece {p!r} collides with a fixed token")
         vocab[p] = next_id
         next_id += 1
+    # Gemma's vocabulary has whitespace runs; SentencePiece-style training by words never learns them, so they
+    # are appended as the lowest-priority merges (overlapping occurrences again).
+    for a, b in WHITESPACE_MERGES:
+        if a in vocab and b in vocab and a + b not in vocab:
+            vocab[a + b] = next_id
+            next_id += 1
+            merges.append((a, b))
 
     model = models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True,
                        byte_fallback=spec["byte_fallback"], ignore_merges=spec["ignore_merges"])

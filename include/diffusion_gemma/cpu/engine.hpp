@@ -23,6 +23,7 @@
 #include <diffusion_gemma/cpu/kv_cache.hpp>
 #include <diffusion_gemma/cpu/model.hpp>
 #include <diffusion_gemma/cpu/parallel.hpp>
+#include <diffusion_gemma/cpu/vocab_pass.hpp>
 #include <diffusion_gemma/model/backbone.hpp>
 
 namespace diffusion_gemma::cpu {
@@ -38,6 +39,7 @@ class Engine {
   using Backbone = Backbone_;
   using Attention = typename Backbone::Attention;
   using Experts = typename Backbone::Experts;
+  using Cache = KvCache;
   static constexpr int kMaxTopK = 64;
 
   explicit Engine(std::shared_ptr<const Model> model, EngineOptions opts = {})
@@ -102,6 +104,12 @@ class Engine {
         for (std::int64_t i = 0; i < V; ++i) row[i] = math::softcap(row[i], cap);
       });
     }
+  }
+
+  // The streaming vocabulary pass over final-normed hidden states [n, H] (see cpu/vocab_pass.hpp).
+  void vocab_pass(const float* hidden, std::int64_t n, const VocabPassArgs& args, VocabPassResult& out) {
+    vocab_pass_.run(model_->embed_tokens().data(), cfg_.vocab_size, cfg_.hidden_size, cfg_.final_logit_softcapping,
+                    model_->embed_scale(), hidden, n, args, out);
   }
 
   // The self-conditioning soft embedding softmax(l) E * embed_scale from materialised
@@ -476,6 +484,7 @@ class Engine {
   std::int64_t reserved_ = 0;
   Workspace ws_;
   std::vector<float> inv_freq_scratch_;
+  VocabPass vocab_pass_;
 };
 
 }  // namespace diffusion_gemma::cpu

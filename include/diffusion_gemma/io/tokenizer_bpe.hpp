@@ -31,10 +31,15 @@ class MergeTable {
 
   void reserve(std::size_t n) {
     std::size_t cap = 16;
-    while (cap < 2 * n + 1) cap <<= 1;
+    int bits = 4;
+    while (cap < 2 * n + 1) {
+      cap <<= 1;
+      ++bits;
+    }
     keys_.assign(cap, kEmpty);
     values_.assign(cap, Value{0, -1});
     mask_ = cap - 1;
+    shift_ = 64 - bits;
     size_ = 0;
   }
 
@@ -67,9 +72,8 @@ class MergeTable {
   static std::uint64_t make_key(int a, int b) {
     return (std::uint64_t(std::uint32_t(a)) << 32) | std::uint32_t(b);
   }
-  std::size_t slot(std::uint64_t key) const {
-    return static_cast<std::size_t>((key * 0x9e3779b97f4a7c15ull) >> 20) & mask_;
-  }
+  // Fibonacci hashing: the top bits of the product depend on both ids.
+  std::size_t slot(std::uint64_t key) const { return static_cast<std::size_t>((key * 0x9e3779b97f4a7c15ull) >> shift_); }
   void grow() {
     std::vector<std::uint64_t> old_keys = std::move(keys_);
     std::vector<Value> old_values = std::move(values_);
@@ -82,6 +86,7 @@ class MergeTable {
   std::vector<std::uint64_t> keys_;
   std::vector<Value> values_;
   std::size_t mask_ = 0;
+  int shift_ = 60;
   std::size_t size_ = 0;
 };
 

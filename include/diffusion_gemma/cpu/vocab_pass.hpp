@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+// The streaming vocabulary pass (ARCHITECTURE.md §2): for each canvas position, in one pass over
+// vocabulary tiles, the LM head, softcap and temperature, then argmax, a categorical sample,
+// the entropy and the self-conditioning soft embedding sum_i p_i E_i, with an online max/rescale
+// as flash attention does over keys. Memory is O(C*H + C*tile); no [C, V] tensor exists.
+//
+// Sampling is exact and parallel-friendly: the vocabulary is cut into fixed chunks of
+// kSampleChunk ids; a chunk is chosen by Gumbel-max over the chunk log-masses and a token inside
+// it by inverse CDF, each with its own counter-based draw. P(token) = P(chunk) P(token | chunk)
+// is the softmax probability, and the draws depend only on (seed, canvas, step, position, chunk).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <diffusion_gemma/core/math.hpp>
+#include <diffusion_gemma/core/rng.hpp>
+#include <diffusion_gemma/cpu/gemm.hpp>
+#include <diffusion_gemma/cpu/parallel.hpp>
+#include <diffusion_gemma/sampler/vocab_stats.hpp>
+
+namespace diffusion_gemma {
+
+namespace cpu {
+
+// Runs the pass. `E` is the embedding table [V, H] (the tied LM head); `hidden` [C, H] holds the
+// final-normed hidden states; `cap` is the final logit softcap (0: none).
+class VocabPass {
+ public:
+  static constexpr std::int64_t kTile = 1024;  // a multiple of kSampleChunk
+
+  void run(const float* E, std::int64_t V, std::int64_t H, float cap, float embed_scale, const float* hidden,
+           std::int64_t C, const VocabPassArgs& args, VocabPassResult& out) {
+    out.resize(C, H, args.soft_embedding);
+    H_ = H;
+    logits_.resize(static_cast<std::size_t>(C * kTile));
+    rows_.assign(static_cast<std::size_t>(C), Row{});
+    if (args.soft_embedding) std::fill(out.soft_embedding.begin(), out.soft_embedding.begin() + C * H, 0.0f);
+    const float T = args.temperature;
+    for (std::int64_t v0 = 0; v0 < V; v0 += kTile) {
+      const std::int64_t n = std::min(kTile, V - v0);
+      float* L = logits_.data();
+      gemm_nt(hidden, H, E + v0 * H, H, L, kTile, C, n, H);
+      parallel_for(C, [&](std::int64_t r) { row_update(L + r * kTile, n, v0, r, cap, T, args, out); });
+      if (args.soft_embedding) {
+        // The rows' scale factors were applied in row_update; now add P E_tile for the whole tile.
+        gemm_nn(L, kTile, E + v0 * H, H, out.soft_embedding.data(), H, C, H, n, /*accumulate=*/true);
+      }
+    }
+    parallel_for(C, [&](std::int64_t r) {
+      const Row& row = rows_[r];
+      out.argmax[r] = row.argmax;
+      out.sample[r] = args.sample ? row.sample : -1;
+      out.entropy[r] = row.stats.entropy();
+      if (args.soft_embedding) {
+        const float scale = embed_scale / row.stats.sum;
+        float* s = out.soft_embedding.data() + r * H;
+        for (std::int64_t i = 0; i < H; ++i) s[i] *= scale;
+      }
+    });
+  }
+
+ private:
+  struct Row {
+    math::SoftmaxStats stats;  // running max / sum / weighted sum of l = softcap(raw) / T
+    float best = -std::numeric_limits<float>::infinity();
+    std::int32_t argmax = 0;
+    float sample_score = -std::numeric_limits<float>::infinity();
+    std::int32_t sample = 0;
+  };
+
+  // Processes one row of a tile in place: `L` holds raw logits on entry and p = e^(l - m) on exit,
+  // where m is the row's running max after this tile (the SC accumulator is rescaled to match).
+  void row_update(float* L, std::int64_t n, std::int64_t v0, std::int64_t r, float cap, float T,
+                  const VocabPassArgs& args, VocabPassResult& out) {
+    Row& row = rows_[r];
+    float tile_max = -std::numeric_limits<float>::infinity();
+    std::int64_t tile_arg = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float l = math::softcap(L[i], cap) / T;  // fp32 divide, as the reference
+      L[i] = l;
+      if (l > tile_max) {
+        tile_max = l;
+        tile_arg = i;
+      }
+    }
+    if (tile_max > row.best) {  // strict: the first index wins ties, like torch.argmax
+      row.best = tile_max;
+      row.argmax = static_cast<std::int32_t>(v0 + tile_arg);
+    }
+    const float old_max = row.stats.max;
+    row.stats.merge(math::softmax_stats_block(L, static_cast<int>(n), tile_max));
+    const float m = row.stats.max;
+    if (args.soft_embedding && old_max != m && old_max != -std::numeric_limits<float>::infinity()) {
+      const float alpha = std::exp(old_max - m);
+      float* s = out.soft_embedding.data() + r * H_;
+      for (std::int64_t i = 0; i < H_; ++i) s[i] *= alpha;
+    }
+    if (!args.sample && !args.soft_embedding) return;
+    for (std::int64_t i = 0; i < n; ++i) L[i] = std::exp(L[i] - m);
+    if (args.sample) {
+      for (std::int64_t c0 = 0; c0 < n; c0 += kSampleChunk) {
+        const std::int64_t cn = std::min(kSampleChunk, n - c0);
+        float mass = 0.0f;
+        for (std::int64_t i = 0; i < cn; ++i) mass += L[c0 + i];
+        if (!(mass > 0.0f)) continue;
+        const std::uint32_t chunk = static_cast<std::uint32_t>((v0 + c0) / kSampleChunk);
+        const Philox4x32 d = draw(args.key, DrawPurpose::kSample, static_cast<std::uint32_t>(r), chunk);
+        const float score = m + std::log(mass) + math::gumbel(uniform_open01(d.v[1]));
+        if (score <= row.sample_score) continue;
+        row.sample_score = score;
+        const float target = uniform_open01(d.v[0]) * mass;
+        float cum = 0.0f;
+        std::int64_t pick = -1;
+        for (std::int64_t i = 0; i < cn; ++i) {
+          if (L[c0 + i] > 0.0f) pick = i;  // rounding fallback: the last id with mass
+          cum += L[c0 + i];
+          if (cum > target) {
+            pick = i;
+            break;
+          }
+        }
+        row.sample = static_cast<std::int32_t>(v0 + c0 + pick);
+      }
+    }
+  }
+
+  std::vector<float> logits_;
+  std::vector<Row> rows_;
+  std::int64_t H_ = 0;
+};
+
+}  // namespace cpu
+}  // namespace diffusion_gemma

@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+// Detection traits for sampler policies, so that Sampler<...> can say in one readable
+// static_assert which member a policy is missing.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include <diffusion_gemma/core/rng.hpp>
+#include <diffusion_gemma/core/status.hpp>
+#include <diffusion_gemma/sampler/acceptance.hpp>
+
+namespace diffusion_gemma {
+
+namespace detail {
+template <class...>
+using void_t = void;
+}
+
+// State: Arguments, template init(rng, canvas, vocab, out, length), renoise(rng, canvas, step, pos, vocab).
+struct DetectRng {
+  std::int32_t token(DrawPurpose, int, int, int, std::int64_t) const { return 0; }
+};
+template <class P, class = void>
+struct is_state_policy : std::false_type {};
+template <class P>
+struct is_state_policy<P, detail::void_t<typename P::Arguments,
+                                         decltype(P::init(DetectRng{}, 0, std::int64_t{}, (std::int32_t*)nullptr, 0)),
+                                         decltype(std::int32_t{P::renoise(DetectRng{}, 0, 0, 0, std::int64_t{})})>>
+    : std::true_type {};
+
+// Conditioning: Arguments and a static constexpr bool kEnabled.
+template <class P, class = void>
+struct is_conditioning_policy : std::false_type {};
+template <class P>
+struct is_conditioning_policy<P, detail::void_t<typename P::Arguments, decltype(bool{P::kEnabled})>> : std::true_type {};
+
+// Acceptance: Arguments, State, can_implement(Arguments), accept(Arguments, StepView, State&, uint8_t*).
+template <class P, class = void>
+struct is_acceptance_policy : std::false_type {};
+template <class P>
+struct is_acceptance_policy<
+    P, detail::void_t<typename P::Arguments, typename P::State,
+                      decltype(Status{P::can_implement(std::declval<const typename P::Arguments&>())}),
+                      decltype(P::accept(std::declval<const typename P::Arguments&>(), std::declval<const StepView&>(),
+                                         std::declval<typename P::State&>(), (std::uint8_t*)nullptr))>>
+    : std::true_type {};
+
+// Schedule: Arguments, can_implement, float temperature(Arguments, steps_remaining, max_steps).
+template <class P, class = void>
+struct is_schedule_policy : std::false_type {};
+template <class P>
+struct is_schedule_policy<
+    P, detail::void_t<typename P::Arguments, decltype(Status{P::can_implement(std::declval<const typename P::Arguments&>())}),
+                      decltype(float{P::temperature(std::declval<const typename P::Arguments&>(), 1, 1)})>>
+    : std::true_type {};
+
+// Stopping: Arguments, State, can_implement, reset(Arguments, State&), bool update(Arguments, StepView, State&).
+template <class P, class = void>
+struct is_stopping_policy : std::false_type {};
+template <class P>
+struct is_stopping_policy<
+    P, detail::void_t<typename P::Arguments, typename P::State,
+                      decltype(Status{P::can_implement(std::declval<const typename P::Arguments&>())}),
+                      decltype(P::reset(std::declval<const typename P::Arguments&>(), std::declval<typename P::State&>())),
+                      decltype(bool{P::update(std::declval<const typename P::Arguments&>(), std::declval<const StepView&>(),
+                                              std::declval<typename P::State&>())})>> : std::true_type {};
+
+// Rng: Arguments, constructor from Arguments, bool kReplaysSamples, key(canvas, step), token(...).
+template <class P, class = void>
+struct is_rng_policy : std::false_type {};
+template <class P>
+struct is_rng_policy<P, detail::void_t<typename P::Arguments, decltype(bool{P::kReplaysSamples}),
+                                       decltype(P(std::declval<const typename P::Arguments&>())),
+                                       decltype(std::declval<const P&>().key(0, 0)),
+                                       decltype(std::int32_t{std::declval<const P&>().token(DrawPurpose::kInit, 0, 0, 0,
+                                                                                             std::int64_t{})})>>
+    : std::true_type {};
+
+}  // namespace diffusion_gemma

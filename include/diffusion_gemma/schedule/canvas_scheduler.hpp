@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+// CanvasScheduler<Blocks>: which tokens are generated when. Block diffusion commits one canvas at
+// a time: max_new_tokens becomes ceil(max_new_tokens / C) canvases (the output may exceed it by up
+// to C - 1 tokens, as in transformers); a canvas containing a stop id ends the sequence (the stop
+// id is kept, everything after it becomes PAD) and is not encoded into the cache, nor is the last
+// canvas.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include <diffusion_gemma/core/status.hpp>
+#include <diffusion_gemma/model/config.hpp>
+
+namespace diffusion_gemma {
+
+// Every canvas has the checkpoint's canvas_length.
+struct FixedBlocks {
+  static int canvas_length(const ModelConfig& cfg, int /*canvas_index*/) { return cfg.canvas_length; }
+};
+
+template <class B, class = void>
+struct is_blocks_policy : std::false_type {};
+template <class B>
+struct is_blocks_policy<B, std::void_t<decltype(int{B::canvas_length(std::declval<const ModelConfig&>(), 0)})>>
+    : std::true_type {};
+
+template <class Blocks_ = FixedBlocks>
+class CanvasScheduler {
+  static_assert(is_blocks_policy<Blocks_>::value,
+                "CanvasScheduler<Blocks>: Blocks must provide static int canvas_length(const ModelConfig&, int canvas_index)");
+
+ public:
+  using Blocks = Blocks_;
+
+  struct Arguments {
+    int max_new_tokens = 256;
+    std::vector<int> stop_token_ids{1, 106, 50};
+    int pad_token_id = 0;
+  };
+
+  struct Plan {
+    int num_canvases = 0;
+    std::int64_t prompt_length = 0;
+    std::int64_t cache_capacity = 0;  // positions the KV cache must hold (the last canvas is never encoded)
+    std::int64_t last_position = 0;   // largest position any pass uses
+  };
+
+  static Status can_implement(const Arguments& a) {
+    if (a.max_new_tokens <= 0) {
+      return make_status(StatusCode::kInvalidArgument, "max new tokens must be positive (got ", a.max_new_tokens, ")");
+    }
+    return {};
+  }
+
+  static Plan plan(const Arguments& a, const ModelConfig& cfg, std::int64_t prompt_length) {
+    throw_if_error(can_implement(a));
+    if (prompt_length <= 0) throw_error(StatusCode::kInvalidArgument, "the prompt is empty");
+    Plan p;
+    p.prompt_length = prompt_length;
+    std::int64_t tokens = 0, end = prompt_length;
+    while (tokens < a.max_new_tokens) {
+      const int c = Blocks::canvas_length(cfg, p.num_canvases);
+      if (c <= 0) throw_error(StatusCode::kInvalidArgument, "canvas length must be positive (got ", c, ")");
+      tokens += c;
+      end += c;
+      ++p.num_canvases;
+    }
+    p.last_position = end - 1;
+    p.cache_capacity = end - Blocks::canvas_length(cfg, p.num_canvases - 1);
+    const int first = Blocks::canvas_length(cfg, 0);
+    if (prompt_length + first > cfg.max_position_embeddings) {
+      throw_error(StatusCode::kOutOfRange, "a prompt of ", prompt_length, " tokens leaves no room for a canvas of ", first,
+                  " before max_position_embeddings ", cfg.max_position_embeddings);
+    }
+    if (end > cfg.max_position_embeddings) {
+      throw_error(StatusCode::kOutOfRange, "max_new_tokens ", a.max_new_tokens, " after a prompt of ", prompt_length,
+                  " tokens needs positions up to ", end - 1, ", beyond max_position_embeddings ",
+                  cfg.max_position_embeddings, "; at most ", cfg.max_position_embeddings - prompt_length,
+                  " new tokens fit");
+    }
+    return p;
+  }
+
+  // Applies the stop ids to a committed canvas in place: tokens after the first stop id become
+  // PAD. Returns the number of tokens up to and including the stop id (or all), and whether one
+  // was found (the sequence is then finished).
+  static std::pair<int, bool> finalize(const Arguments& a, std::int32_t* tokens, int length) {
+    for (int i = 0; i < length; ++i) {
+      if (std::find(a.stop_token_ids.begin(), a.stop_token_ids.end(), tokens[i]) != a.stop_token_ids.end()) {
+        std::fill(tokens + i + 1, tokens + length, a.pad_token_id);
+        return {i + 1, true};
+      }
+    }
+    return {length, false};
+  }
+};
+
+template <class S>
+void apply_generation_config_to_scheduler(const GenerationConfig& g, typename S::Arguments& a) {
+  a.max_new_tokens = g.max_new_tokens;
+  a.stop_token_ids = g.stop_token_ids;
+  a.pad_token_id = g.pad_token_id;
+}
+
+}  // namespace diffusion_gemma

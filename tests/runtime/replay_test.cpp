@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// Replay parity with transformers: feed the draws that transformers' generate() made (canvas init,
+// multinomial samples, renoise tokens; recorded by tools/reference/make_fixtures.py) to our
+// Decoder and require exactly the same tokens, the same number of steps per canvas and the same
+// stop reasons. Every decision in between (argmax, entropies, entropy-bound acceptance, stability,
+// confidence, commit, stop ids, PAD fill, re-encoding) is ours.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <diffusion_gemma/cpu/engine.hpp>
+#include <diffusion_gemma/io/draws.hpp>
+#include <diffusion_gemma/runtime/decoder.hpp>
+
+#include "support/catch.hpp"
+#include "support/paths.hpp"
+
+using namespace diffusion_gemma;
+using ReplayDecoder = Decoder<cpu::Engine<DiffusionGemmaBackbone>, ReplaySampler>;
+
+namespace {
+
+struct Expected {
+  std::vector<std::int32_t> tokens;
+  std::vector<int> steps;
+  std::vector<std::string> stop;
+  ReplayDecoder::Options options;
+};
+
+Expected read_expected(const std::string& path, const GenerationConfig& defaults) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  const auto j = nlohmann::json::parse(in);
+  Expected e;
+  e.tokens = j.at("tokens").get<std::vector<std::int32_t>>();
+  e.steps = j.at("steps").get<std::vector<int>>();
+  e.stop = j.at("stop").get<std::vector<std::string>>();
+  e.options = ReplayDecoder::default_options(defaults);
+  const auto& s = j.at("settings");
+  auto& o = e.options;
+  o.scheduler.max_new_tokens = s.at("max_new_tokens").get<int>();
+  o.sampler.max_denoising_steps = s.at("max_denoising_steps").get<int>();
+  o.sampler.schedule.t_min = s.at("t_min").get<double>();
+  o.sampler.schedule.t_max = s.at("t_max").get<double>();
+  o.sampler.stopping.stability_threshold = s.at("stability_threshold").get<int>();
+  o.sampler.stopping.confidence_threshold = s.at("confidence_threshold").get<double>();
+  o.sampler.acceptance.entropy_bound = s.at("sampler_config").at("entropy_bound").get<double>();
+  o.scheduler.stop_token_ids = s.at("eos_token_id").get<std::vector<int>>();
+  o.scheduler.pad_token_id = s.at("pad_token_id").get<int>();
+  return e;
+}
+
+void check_replay(const std::string& checkpoint, const std::string& run) {
+  auto model = cpu::Model::load(dg_test::fixture(checkpoint));
+  ReplayDecoder decoder(model);
+  const std::string base = dg_test::fixture(checkpoint + "/replay/" + run);
+  const auto draws = io::load_draws(base + ".draws.safetensors");
+  Expected e = read_expected(base + ".json", model->generation_config());
+  e.options.sampler.rng.draws = draws.draws;
+  const GenerationResult r = decoder.generate(draws.prompt_ids, e.options);
+  INFO(checkpoint << "/" << run);
+  std::vector<int> steps;
+  std::vector<std::string> stop;
+  for (const auto& c : r.canvases) {
+    steps.push_back(c.steps);
+    stop.push_back(to_string(c.stop));
+  }
+  CHECK(steps == e.steps);
+  CHECK(stop == e.stop);
+  CHECK(r.tokens == e.tokens);
+}
+
+}  // namespace
+
+TEST_CASE("replay parity on the plain checkpoints: several canvases, long prompt, wide bound, stop id",
+          "[runtime][replay][golden]") {
+  for (const char* ckpt : {"dg_small", "dg_wide"}) {
+    for (const char* run : {"default_short", "long_prompt", "wide_bound", "stop_id"}) check_replay(ckpt, run);
+  }
+}
+
+TEST_CASE("replay parity where the stable-and-confident stop fires", "[runtime][replay][golden]") {
+  for (const char* ckpt : {"dg_small_confident", "dg_wide_confident"}) {
+    for (const char* run : {"converge", "converge_long_prompt", "converge_stab2", "stab0_bound"}) check_replay(ckpt, run);
+  }
+}
+
+TEST_CASE("running out of recorded draws names the canvas and step", "[runtime][replay]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  ReplayDecoder decoder(model);
+  const std::string base = dg_test::fixture("dg_small/replay/default_short");
+  const auto draws = io::load_draws(base + ".draws.safetensors");
+  Expected e = read_expected(base + ".json", model->generation_config());
+  e.options.sampler.rng.draws = draws.draws;
+  e.options.sampler.max_denoising_steps = 11;  // one more step than was recorded
+  e.options.sampler.stopping.confidence_threshold = 1e-12;
+  CHECK_THROWS_WITH(decoder.generate(draws.prompt_ids, e.options),
+                    Catch::Matchers::Contains("ran out of recorded draws at canvas 0, step 10"));
+}
