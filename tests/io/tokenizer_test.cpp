@@ -104,6 +104,13 @@ TEST_CASE("golden: component variants (Split behaviors, normalizer and decoder s
     const std::string name = v.at("name").get<std::string>();
     Json j = base_json(v.at("base").get<std::string>());
     for (auto it = v.at("override").begin(); it != v.at("override").end(); ++it) j[it.key()] = it.value();
+    if (v.contains("model_patch")) {
+      const Json& patch = v.at("model_patch");
+      for (auto it = patch.at("vocab").begin(); it != patch.at("vocab").end(); ++it) j["model"]["vocab"][it.key()] = it.value();
+      Json merges = patch.at("merges_prepend");
+      for (const Json& m : j["model"]["merges"]) merges.push_back(m);
+      j["model"]["merges"] = merges;
+    }
     const Tokenizer tok = Tokenizer::from_json(j, name);
     const Json& indices = v.at("corpus_indices");
     const Json& results = v.at("results");

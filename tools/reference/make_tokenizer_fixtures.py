@@ -464,6 +464,11 @@ VARIANTS = [
     dict(name="strip per token", override={"decoder": {"type": "Sequence", "decoders": [
         _replace("▁", " "), {"type": "ByteFallback"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}}),
     dict(name="decoder replace only", override={"decoder": _replace("▁", "_")}),
+    # Highest-priority merges that join a character or a byte piece with the following "▁":
+    # the C++ encoder may then no longer cut the text before "▁" after 'e' or '.', only elsewhere.
+    dict(name="merges across metaspace", override={}, model_patch={
+        "vocab": {"e▁": 1000, ".▁": 1001, "e▁t": 1002, "<0xF0>a": 1003, "<0x80>▁": 1004},
+        "merges_prepend": [["e", "▁"], [".", "▁"], ["e▁", "t"], ["<0xF0>", "a"], ["<0x80>", "▁"]]}),
 ]
 
 
@@ -472,11 +477,18 @@ def variant_golden(base_path, corpus, indices):
         base = json.load(f)
     out = []
     for v in VARIANTS:
-        j = dict(base)
+        j = json.loads(json.dumps(base))
         j.update(v["override"])
+        patch = v.get("model_patch")
+        if patch:
+            j["model"]["vocab"].update(patch["vocab"])
+            j["model"]["merges"] = patch["merges_prepend"] + j["model"]["merges"]
         tok = Tokenizer.from_str(json.dumps(j))
-        out.append(dict(name=v["name"], base="gemma_bpe_1000.json", override=v["override"], corpus_indices=indices,
-                        results=[result(tok, corpus[i]["text"]) for i in indices]))
+        entry = dict(name=v["name"], base="gemma_bpe_1000.json", override=v["override"], corpus_indices=indices,
+                     results=[result(tok, corpus[i]["text"]) for i in indices])
+        if patch:
+            entry["model_patch"] = patch
+        out.append(entry)
     return out
 
 

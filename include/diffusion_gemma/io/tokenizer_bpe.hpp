@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -166,6 +167,7 @@ class BpeModel {
 
   std::size_t vocab_size() const { return vocab_.size(); }
   std::size_t merge_count() const { return merges_.size(); }
+  bool chunks_at_metaspace() const { return chunk_at_metaspace_; }
   bool byte_fallback() const { return byte_fallback_; }
 
   int token_to_id(std::string_view token) const {
@@ -189,15 +191,60 @@ class BpeModel {
         return;
       }
     }
-    initial_symbols(word, scratch.symbols);
+    if (!chunk_at_metaspace_) {
+      encode_chunk(word, out, scratch);
+      return;
+    }
+    // Exact shortcut, see plan_metaspace_cuts(): cut before "▁" where no merge can span the cut.
+    std::size_t begin = 0;
+    for (std::size_t p = word.find(kMetaspace, 1); p != std::string_view::npos; p = word.find(kMetaspace, p + 3)) {
+      if (!may_cut_after(word, p)) continue;
+      encode_chunk(word.substr(begin, p - begin), out, scratch);
+      begin = p;
+    }
+    encode_chunk(word.substr(begin), out, scratch);
+  }
+
+ private:
+  static constexpr std::int64_t kMaxId = std::int64_t{1} << 28;
+  static constexpr std::string_view kMetaspace = "\xe2\x96\x81";  // U+2581, Gemma's space
+
+  void encode_chunk(std::string_view chunk, std::vector<int>& out, BpeScratch& scratch) const {
+    initial_symbols(chunk, scratch.symbols);
     merge_all(scratch);
     for (const auto& s : scratch.symbols) {
       if (s.len != 0) out.push_back(s.id);
     }
   }
 
- private:
-  static constexpr std::int64_t kMaxId = std::int64_t{1} << 28;
+  // Gemma has no splitting pre-tokenizer, so a "word" can be a whole document, and one heap over millions of
+  // symbols is slow. A merge that spans the point between a character x and a following "▁" produces a token
+  // that contains x immediately followed by "▁". So if x and "▁" are both in the vocabulary (their symbols are
+  // their own tokens, and no unknown-character run straddles the point) and no merge result contains x"▁", no
+  // merge or candidate pair ever crosses that point; BPE on the pieces between such points performs exactly the
+  // merges of BPE on the whole, since merges in different pieces never interact and keep their relative order.
+  void plan_metaspace_cuts(const std::vector<std::string>& merged) {
+    chunk_at_metaspace_ = char_id_.count(0x2581) != 0;
+    if (!chunk_at_metaspace_) return;
+    for (const std::string& t : merged) {
+      for (std::size_t p = t.find(kMetaspace, 1); p != std::string::npos; p = t.find(kMetaspace, p + 1)) {
+        no_cut_after_.insert(previous_char(t, p));
+      }
+    }
+    for (std::size_t c = 0; c < 128; ++c) cut_after_ascii_[c] = ascii_id_[c] >= 0 && !no_cut_after_.count(char32_t(c));
+  }
+  static char32_t previous_char(std::string_view s, std::size_t p) {
+    std::size_t start = p - 1;
+    while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xc0) == 0x80) --start;
+    std::size_t len = 0;
+    return decode_utf8_at(s, start, len);
+  }
+  bool may_cut_after(std::string_view word, std::size_t p) const {
+    const auto last = static_cast<unsigned char>(word[p - 1]);
+    if (last < 0x80) return cut_after_ascii_[last];
+    const char32_t x = previous_char(word, p);
+    return char_id_.count(x) != 0 && no_cut_after_.count(x) == 0;
+  }
 
   void index_characters() {
     ascii_id_.fill(-1);
@@ -211,9 +258,11 @@ class BpeModel {
         char_id_.emplace(decode_utf8_at(token, 0, len), id);
       }
       if (token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>') {
+        // Only the upper-case spelling is looked up: `tokenizers` formats the piece as "<{b:#04X}>".
         const int hi = hex_digit(token[3]), lo = hex_digit(token[4]);
-        // Only the upper-case spelling is looked up, as `tokenizers` formats "<{b:#04X}>".
-        if (hi >= 0 && lo >= 0 && !is_lower_hex(token[3]) && !is_lower_hex(token[4])) byte_id_[std::size_t(hi * 16 + lo)] = id;
+        if (hi >= 0 && lo >= 0 && !is_lower_hex(token[3]) && !is_lower_hex(token[4])) {
+          byte_id_[std::size_t(hi * 16 + lo)] = id;
+        }
       }
     }
   }
@@ -229,6 +278,8 @@ class BpeModel {
     const Json& merges = model.required("merges");
     if (!merges.is_array()) model.fail("merges", "expected an array, got ", merges.type_name());
     merges_.reserve(merges.size());
+    std::vector<std::string> merged;
+    merged.reserve(merges.size());
     std::uint32_t rank = 0;
     std::string joined;
     for (std::size_t i = 0; i < merges.size(); ++i) {
@@ -258,8 +309,10 @@ class BpeModel {
                    ia < 0 ? a : ib < 0 ? b : joined, "')");
       }
       merges_.insert(ia, ib, MergeTable::Value{rank, ij});
+      merged.push_back(joined);
       ++rank;
     }
+    plan_metaspace_cuts(merged);
   }
 
   // One symbol per character; unknown characters become byte pieces or the unknown token, in the same order
@@ -377,6 +430,9 @@ class BpeModel {
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;
+  bool chunk_at_metaspace_ = false;
+  std::array<bool, 128> cut_after_ascii_{};
+  std::unordered_set<char32_t> no_cut_after_;  // x such that some merge result contains x followed by "▁"
 };
 
 }  // namespace diffusion_gemma::io::tokenizer_detail

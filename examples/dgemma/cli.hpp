@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: Apache-2.0
+// A small, strict command-line parser for dgemma: `--name value`, `--name=value`, boolean
+// `--flag` / `--no-flag`. Unknown flags, missing values and malformed numbers are errors that name
+// the flag. Kept free of the model code so that it can be fuzzed on its own.
+#pragma once
+
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dgemma {
+
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct FlagSpec {
+  std::string name;     // without dashes
+  std::string meta;     // e.g. "DIR"; empty for a boolean flag
+  std::string help;
+};
+
+class Flags {
+ public:
+  Flags(std::string command, std::string summary, std::vector<FlagSpec> specs)
+      : command_(std::move(command)), summary_(std::move(summary)), specs_(std::move(specs)) {}
+
+  // Parses argv-style arguments (after the subcommand). Returns false when --help was asked.
+  bool parse(const std::vector<std::string>& args) {
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a == "--help" || a == "-h") return false;
+      if (a.size() < 3 || a.compare(0, 2, "--") != 0) throw UsageError("unexpected argument '" + a + "' (flags start with --)");
+      std::string name = a.substr(2), value;
+      bool has_value = false;
+      const auto eq = name.find('=');
+      if (eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+        has_value = true;
+      }
+      const FlagSpec* spec = find(name);
+      bool negated = false;
+      if (spec == nullptr && name.compare(0, 3, "no-") == 0) {
+        spec = find(name.substr(3));
+        negated = spec != nullptr && spec->meta.empty();
+        if (!negated) spec = nullptr;
+      }
+      if (spec == nullptr) throw UsageError("unknown flag --" + name + " for '" + command_ + "' (see --help)");
+      if (spec->meta.empty()) {
+        if (has_value) throw UsageError("flag --" + spec->name + " takes no value");
+        values_[spec->name] = negated ? "0" : "1";
+        continue;
+      }
+      if (!has_value) {
+        if (i + 1 >= args.size()) throw UsageError("flag --" + name + " needs a value (" + spec->meta + ")");
+        value = args[++i];
+      }
+      if (values_.count(spec->name)) throw UsageError("flag --" + name + " given twice");
+      values_[spec->name] = value;
+    }
+    return true;
+  }
+
+  std::string usage() const {
+    std::ostringstream s;
+    s << "usage: dgemma " << command_ << " [flags]\n" << summary_ << "\n\nflags:\n";
+    for (const auto& f : specs_) {
+      std::string left = "  --" + f.name + (f.meta.empty() ? "" : " " + f.meta);
+      if (left.size() < 34) left.resize(34, ' ');
+      s << left << " " << f.help << "\n";
+    }
+    s << "  --help                             this text\n";
+    return s.str();
+  }
+
+  bool has(const std::string& name) const { return values_.count(name) != 0; }
+  bool flag(const std::string& name, bool fallback = false) const {
+    const auto it = values_.find(name);
+    return it == values_.end() ? fallback : it->second == "1";
+  }
+  std::string str(const std::string& name, const std::string& fallback = "") const {
+    const auto it = values_.find(name);
+    return it == values_.end() ? fallback : it->second;
+  }
+  std::string required(const std::string& name) const {
+    if (!has(name)) throw UsageError("missing required flag --" + name + " for '" + command_ + "'");
+    return str(name);
+  }
+  std::int64_t integer(const std::string& name, std::int64_t fallback, std::int64_t lo, std::int64_t hi) const {
+    if (!has(name)) return fallback;
+    return parse_int(name, str(name), lo, hi);
+  }
+  double number(const std::string& name, double fallback, double lo, double hi) const {
+    if (!has(name)) return fallback;
+    const std::string& v = str(name);
+    char* end = nullptr;
+    errno = 0;
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || errno == ERANGE || !std::isfinite(d)) {
+      throw UsageError("flag --" + name + ": '" + v + "' is not a number");
+    }
+    if (d < lo || d > hi) {
+      std::ostringstream s;
+      s << "flag --" << name << ": " << d << " is out of range [" << lo << ", " << hi << "]";
+      throw UsageError(s.str());
+    }
+    return d;
+  }
+  // A comma-separated list of integers in [lo, hi].
+  std::vector<std::int64_t> integers(const std::string& name, std::int64_t lo, std::int64_t hi) const {
+    std::vector<std::int64_t> out;
+    const std::string v = str(name);
+    std::size_t start = 0;
+    while (start <= v.size()) {
+      const std::size_t comma = v.find(',', start);
+      const std::string item = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      out.push_back(parse_int(name, item, lo, hi));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    return out;
+  }
+
+  static std::int64_t parse_int(const std::string& name, const std::string& v, std::int64_t lo, std::int64_t hi) {
+    std::size_t i = 0;
+    bool neg = false;
+    if (i < v.size() && (v[i] == '-' || v[i] == '+')) neg = v[i++] == '-';
+    if (i == v.size()) throw UsageError("flag --" + name + ": '" + v + "' is not an integer");
+    std::uint64_t acc = 0;
+    for (; i < v.size(); ++i) {
+      if (v[i] < '0' || v[i] > '9') throw UsageError("flag --" + name + ": '" + v + "' is not an integer");
+      const std::uint64_t next = acc * 10 + static_cast<std::uint64_t>(v[i] - '0');
+      if (acc > (std::numeric_limits<std::uint64_t>::max() - 9) / 10 || next > (1ull << 62)) {
+        throw UsageError("flag --" + name + ": '" + v + "' is out of range");
+      }
+      acc = next;
+    }
+    const std::int64_t x = neg ? -static_cast<std::int64_t>(acc) : static_cast<std::int64_t>(acc);
+    if (x < lo || x > hi) {
+      throw UsageError("flag --" + name + ": " + std::to_string(x) + " is out of range [" + std::to_string(lo) + ", " +
+                       std::to_string(hi) + "]");
+    }
+    return x;
+  }
+
+ private:
+  const FlagSpec* find(const std::string& name) const {
+    for (const auto& s : specs_)
+      if (s.name == name) return &s;
+    return nullptr;
+  }
+  std::string command_, summary_;
+  std::vector<FlagSpec> specs_;
+  std::map<std::string, std::string> values_;
+};
+
+}  // namespace dgemma

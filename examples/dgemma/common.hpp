@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+// Pieces shared by dgemma's subcommands: model loading with progress, sampler flags.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <diffusion_gemma/cpu/model.hpp>
+#include <diffusion_gemma/runtime/decoder.hpp>
+
+#include "cli.hpp"
+
+namespace dgemma {
+
+using diffusion_gemma::GenerationConfig;
+
+inline bool stderr_is_terminal() { return ::isatty(2) == 1; }
+
+// Loads a checkpoint; on a terminal, a progress line while the weights are widened.
+inline std::shared_ptr<const diffusion_gemma::cpu::Model> load_model(const std::string& dir, bool check_weights) {
+  if (::access(dir.c_str(), F_OK) != 0) {
+    throw diffusion_gemma::Error(diffusion_gemma::StatusCode::kNotFound, dir + ": model directory does not exist");
+  }
+  diffusion_gemma::cpu::LoadProgress progress;
+  if (stderr_is_terminal()) {
+    progress = [](std::size_t done, std::size_t total) {
+      std::fprintf(stderr, "\rloading weights %zu/%zu", done, total);
+      if (done == total) std::fprintf(stderr, "\r\033[K");
+      std::fflush(stderr);
+    };
+  }
+  return diffusion_gemma::cpu::Model::load(dir, progress, check_weights);
+}
+
+inline std::vector<FlagSpec> sampler_flag_specs() {
+  return {
+      {"max-new-tokens", "N", "tokens to generate (rounded up to whole canvases); default: generation_config.json"},
+      {"max-denoising-steps", "N", "denoising steps per canvas at most"},
+      {"t-min", "T", "temperature at the last step"},
+      {"t-max", "T", "temperature at the first step"},
+      {"entropy-bound", "G", "entropy bound of the acceptance rule (nats)"},
+      {"stability-threshold", "K", "stop when the argmax canvas equals each of the previous K"},
+      {"confidence-threshold", "H", "... and the mean entropy is below H (nats)"},
+      {"stop-ids", "IDS", "comma-separated stop token ids; default: eos_token_id of generation_config.json"},
+  };
+}
+
+// Applies sampler/scheduler flags over the checkpoint defaults; range errors name the flag.
+template <class Options>
+void apply_sampler_flags(const Flags& f, std::int64_t vocab, Options& o) {
+  o.scheduler.max_new_tokens =
+      static_cast<int>(f.integer("max-new-tokens", o.scheduler.max_new_tokens, 1, 1 << 24));
+  o.sampler.max_denoising_steps =
+      static_cast<int>(f.integer("max-denoising-steps", o.sampler.max_denoising_steps, 1, 1 << 20));
+  o.sampler.schedule.t_min = f.number("t-min", o.sampler.schedule.t_min, 0.0, 1e6);
+  o.sampler.schedule.t_max = f.number("t-max", o.sampler.schedule.t_max, 0.0, 1e6);
+  if (!(o.sampler.schedule.t_max > o.sampler.schedule.t_min)) {
+    throw UsageError("--t-max must be greater than --t-min (got t_min " + std::to_string(o.sampler.schedule.t_min) +
+                     ", t_max " + std::to_string(o.sampler.schedule.t_max) + ")");
+  }
+  o.sampler.acceptance.entropy_bound = f.number("entropy-bound", o.sampler.acceptance.entropy_bound, 0.0, 1e9);
+  if (!(o.sampler.acceptance.entropy_bound > 0.0)) throw UsageError("--entropy-bound must be > 0");
+  o.sampler.stopping.stability_threshold =
+      static_cast<int>(f.integer("stability-threshold", o.sampler.stopping.stability_threshold, 0, 1 << 20));
+  o.sampler.stopping.confidence_threshold =
+      f.number("confidence-threshold", o.sampler.stopping.confidence_threshold, 0.0, 1e9);
+  if (!(o.sampler.stopping.confidence_threshold > 0.0)) throw UsageError("--confidence-threshold must be > 0");
+  if (f.has("stop-ids")) {
+    o.scheduler.stop_token_ids.clear();
+    for (auto id : f.integers("stop-ids", 0, vocab - 1)) o.scheduler.stop_token_ids.push_back(static_cast<int>(id));
+  }
+}
+
+}  // namespace dgemma

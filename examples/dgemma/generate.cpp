@@ -1,0 +1,294 @@
+// SPDX-License-Identifier: Apache-2.0
+// dgemma generate: text or ids in, text out, with a live view of the canvas as it denoises.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <diffusion_gemma/cpu/engine.hpp>
+#include <diffusion_gemma/io/chat_format.hpp>
+#include <diffusion_gemma/io/tokenizer.hpp>
+#include <diffusion_gemma/io/trace_json.hpp>
+#include <diffusion_gemma/io/utf8.hpp>
+#include <diffusion_gemma/runtime/decoder.hpp>
+
+#include "commands.hpp"
+#include "common.hpp"
+
+namespace dgemma {
+
+namespace dg = diffusion_gemma;
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void on_sigint(int) { g_interrupted.store(true); }
+
+int terminal_width() {
+  winsize w{};
+  if (::ioctl(2, TIOCGWINSZ, &w) == 0 && w.ws_col > 10) return w.ws_col;
+  return 80;
+}
+
+// Display cells of UTF-8 text (one per code point: good enough for the view's layout).
+int cells(const std::string& s) {
+  int n = 0;
+  for (unsigned char c : s) n += (c & 0xc0) != 0x80;
+  return n;
+}
+
+// How one token looks in the view: control characters made visible, never a line break.
+std::string visible(const std::string& piece) {
+  std::string out;
+  for (char c : piece) {
+    if (c == '\n') {
+      out += "\u23ce";
+    } else if (c == '\t') {
+      out += "\u21e5";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += "\u00b7";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// The live canvas view on stderr: committed text flows above it; the view (status line and the
+// current argmax draft, accepted positions bright, re-noised positions dim) is redrawn in place.
+class CanvasView {
+ public:
+  CanvasView(const dg::io::Tokenizer* tok, int width) : tok_(tok), width_(width) {}
+
+  void draw(const dg::StepEvent& e, int canvases, int max_steps) {
+    erase();
+    std::ostringstream s;
+    s << "\n\033[36mcanvas " << e.record.canvas + 1 << "/" << canvases << "  step " << e.record.step + 1 << "/"
+      << max_steps << "  accepted " << e.record.accepted << "/" << e.length << "  mean entropy " << std::fixed
+      << std::setprecision(3) << e.record.mean_entropy << "  T " << std::setprecision(3) << e.record.temperature
+      << "\033[0m\n";
+    int col = 0;
+    int rows = 2;
+    for (int i = 0; i < e.length; ++i) {
+      std::string piece = tok_ ? visible(tok_->decode(&e.draft[i], 1, false)) : std::to_string(e.draft[i]) + " ";
+      if (piece.empty()) piece = "\u2205";
+      const int w = cells(piece);
+      if (col + w > width_) {
+        s << "\n";
+        ++rows;
+        col = 0;
+        if (rows > kMaxRows) break;
+      }
+      s << (e.accepted[i] ? "\033[1;97m" : "\033[2m") << piece << "\033[0m";
+      col += w;
+    }
+    const std::string text = s.str();
+    std::fputs(text.c_str(), stderr);
+    std::fflush(stderr);
+    drawn_rows_ = rows - 1;
+  }
+
+  // Removes the view, leaving the cursor right after the committed text.
+  void erase() {
+    if (drawn_rows_ < 0) return;
+    std::fprintf(stderr, "\033[%dA\033[%dG\033[J", drawn_rows_, text_col_ + 1);
+    std::fflush(stderr);
+    drawn_rows_ = -1;
+  }
+
+  // Committed text went to the terminal: track the column where it ends.
+  void after_text(const std::string& text) {
+    for (unsigned char c : text) {
+      if (c == '\n') {
+        text_col_ = 0;
+      } else if ((c & 0xc0) != 0x80) {
+        text_col_ = (text_col_ + 1) % width_;
+      }
+    }
+  }
+
+ private:
+  static constexpr int kMaxRows = 16;
+  const dg::io::Tokenizer* tok_;
+  int width_;
+  int drawn_rows_ = -1;
+  int text_col_ = 0;
+};
+
+std::string read_prompt_file(const std::string& path) {
+  const std::string text = dg::io::read_text_file(path);
+  const auto bad = dg::io::find_invalid_utf8(text);
+  if (bad != std::string::npos) {
+    throw dg::Error(dg::StatusCode::kInvalidArgument, path + ": not valid UTF-8 (byte " + std::to_string(bad) + ")");
+  }
+  return text;
+}
+
+}  // namespace
+
+int cmd_generate(const std::vector<std::string>& args) {
+  auto specs = sampler_flag_specs();
+  const std::vector<FlagSpec> own = {
+      {"model", "DIR", "checkpoint directory (default: the bundled model, models/dg-tiny-tasks)"},
+      {"prompt", "TEXT", "the prompt as text"},
+      {"prompt-file", "FILE", "read the prompt from a UTF-8 file"},
+      {"prompt-ids", "IDS", "the prompt as comma-separated token ids (no tokenizer needed)"},
+      {"chat", "", "wrap the prompt as a user turn of the Gemma 4 chat format"},
+      {"system", "TEXT", "system turn (with --chat)"},
+      {"think", "", "thinking on (<|think|> in the system turn; with --chat)"},
+      {"seed", "N", "seed of the counter-based RNG (default 0)"},
+      {"trace", "FILE", "write one JSON line per step and per canvas"},
+      {"view", "", "redraw the canvas in place as it denoises (default: on when stderr is a terminal)"},
+      {"json", "", "print one JSON object instead of text"},
+      {"threads", "N", "CPU threads (default: all)"},
+      {"check-weights", "", "scan every weight for NaN/Inf at load"},
+  };
+  specs.insert(specs.begin(), own.begin(), own.end());
+  Flags f("generate",
+          "Generates text by block diffusion. Committed text streams out a canvas at a time; with --view the\n"
+          "canvas is redrawn each step (accepted positions bright, re-noised dim). Ctrl-C stops cleanly.",
+          specs);
+  if (!f.parse(args)) {
+    std::cout << f.usage();
+    return 0;
+  }
+  const int sources = f.has("prompt") + f.has("prompt-file") + f.has("prompt-ids");
+  if (sources != 1) throw UsageError("give exactly one of --prompt, --prompt-file, --prompt-ids");
+  if ((f.has("system") || f.flag("think")) && !f.flag("chat")) throw UsageError("--system and --think need --chat");
+  const std::string dir = f.str("model", DG_DEFAULT_MODEL_DIR);
+  auto model = load_model(dir, f.flag("check-weights"));
+  const auto& cfg = model->config();
+  if (!cfg.is_diffusion()) throw UsageError(dir + " is not a DiffusionGemma checkpoint (model_type diffusion_gemma)");
+
+  std::unique_ptr<dg::io::Tokenizer> tok;
+  const std::string tok_path = dir + "/tokenizer.json";
+  if (::access(tok_path.c_str(), F_OK) == 0) tok = std::make_unique<dg::io::Tokenizer>(dg::io::Tokenizer::from_file(tok_path));
+  std::vector<std::int32_t> prompt;
+  if (f.has("prompt-ids")) {
+    if (f.flag("chat")) throw UsageError("--chat needs a text prompt");
+    for (auto id : f.integers("prompt-ids", 0, cfg.vocab_size - 1)) prompt.push_back(static_cast<std::int32_t>(id));
+  } else {
+    if (!tok) throw dg::Error(dg::StatusCode::kNotFound, tok_path + " does not exist: give --prompt-ids instead of text");
+    const std::string text = f.has("prompt") ? f.str("prompt") : read_prompt_file(f.str("prompt-file"));
+    if (!dg::io::is_valid_utf8(text)) throw UsageError("--prompt is not valid UTF-8");
+    std::vector<int> ids;
+    if (f.flag("chat")) {
+      std::vector<dg::io::ChatMessage> msgs;
+      if (f.has("system")) msgs.push_back({"system", f.str("system")});
+      msgs.push_back({"user", text});
+      dg::io::ChatOptions co;
+      co.enable_thinking = f.flag("think");
+      ids = dg::io::encode_chat(*tok, msgs, co);
+    } else {
+      ids = tok->encode(text);
+      // Raw text starts with <bos> whether or not tokenizer.json's post-processor adds it.
+      if (ids.empty() || ids[0] != cfg.bos_token_id) ids.insert(ids.begin(), cfg.bos_token_id);
+    }
+    for (int id : ids) {
+      if (id < 0 || id >= cfg.vocab_size) {
+        throw dg::Error(dg::StatusCode::kInvalidArgument, tok_path + " produced id " + std::to_string(id) +
+                                                              ", outside the model's vocabulary of " +
+                                                              std::to_string(cfg.vocab_size));
+      }
+      prompt.push_back(id);
+    }
+  }
+
+  using TextDecoder = dg::Decoder<dg::cpu::Engine<dg::DiffusionGemmaBackbone>>;
+  auto o = TextDecoder::default_options(model->generation_config());
+  apply_sampler_flags(f, cfg.vocab_size, o);
+  o.sampler.rng.seed = static_cast<std::uint64_t>(f.integer("seed", 0, 0, INT64_MAX));
+  dg::cpu::EngineOptions eo;
+  eo.threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
+  TextDecoder decoder(model, eo);
+  const auto plan = decoder.plan(static_cast<std::int64_t>(prompt.size()), o);  // refuse before any work
+
+  const bool json = f.flag("json");
+  const bool view_on = !json && f.flag("view", stderr_is_terminal() && ::isatty(1) == 1);
+  std::unique_ptr<dg::io::TraceWriter> trace;
+  if (f.has("trace")) trace = std::make_unique<dg::io::TraceWriter>(f.str("trace"));
+  CanvasView view(tok.get(), terminal_width());
+
+  g_interrupted = false;
+  auto previous = std::signal(SIGINT, on_sigint);
+  std::vector<std::int32_t> committed;
+  std::string printed;
+  dg::Callbacks cb;
+  cb.on_step = [&](const dg::StepEvent& e) {
+    if (trace) trace->write(e.record);
+    if (view_on) view.draw(e, plan.num_canvases, o.sampler.max_denoising_steps);
+    return !g_interrupted.load();
+  };
+  cb.on_commit = [&](const dg::CommitEvent& e) {
+    if (trace) trace->write(e.record);
+    committed.insert(committed.end(), e.tokens, e.tokens + e.valid_tokens);
+    if (view_on) view.erase();
+    if (!json) {
+      // Decode everything committed so far and print what is new (byte pieces may join across canvases).
+      std::string text;
+      if (tok) {
+        text = tok->decode(committed.data(), committed.size());
+      } else {
+        for (auto t : committed) text += std::to_string(t) + " ";
+      }
+      if (text.size() >= printed.size() && text.compare(0, printed.size(), printed) == 0) {
+        const std::string delta = text.substr(printed.size());
+        std::fputs(delta.c_str(), stdout);
+        std::fflush(stdout);
+        view.after_text(delta);
+        printed = text;
+      }
+    }
+    return !g_interrupted.load();
+  };
+  const dg::GenerationResult r = decoder.generate(prompt, o, cb);
+  std::signal(SIGINT, previous);
+  if (view_on) view.erase();
+  if (trace) trace->write_summary(r);
+
+  const std::vector<std::int32_t> out = r.text_tokens();
+  const std::string text = tok ? tok->decode(out.data(), out.size()) : std::string();
+  const double gen_seconds = r.seconds - r.prefill_seconds;
+  std::vector<int> steps;
+  std::vector<std::string> stops;
+  for (const auto& c : r.canvases) {
+    steps.push_back(c.steps);
+    stops.push_back(dg::to_string(c.stop));
+  }
+  if (json) {
+    nlohmann::ordered_json j;
+    j["text"] = text;
+    j["tokens"] = out;
+    j["steps"] = steps;
+    j["stop"] = stops;
+    j["finish"] = dg::to_string(r.finish);
+    j["tokens_per_forward"] = r.tokens_per_forward;
+    j["seconds"] = r.seconds;
+    std::cout << j.dump() << "\n";
+  } else {
+    std::fputs("\n", stdout);
+    std::ostringstream steps_text;
+    for (std::size_t i = 0; i < steps.size(); ++i) steps_text << (i ? "," : "") << steps[i];
+    std::fprintf(stderr,
+                 "\n[%zu tokens, %zu canvases, steps per canvas %s, %.2f tokens/forward, %.1f tokens/s, "
+                 "first commit after %.2f s, %s]\n",
+                 out.size(), r.canvases.size(), steps_text.str().c_str(), r.tokens_per_forward,
+                 gen_seconds > 0 ? static_cast<double>(out.size()) / gen_seconds : 0.0, r.first_commit_seconds,
+                 dg::to_string(r.finish));
+  }
+  return r.finish == dg::Finish::kCancelled ? 130 : 0;
+}
+
+}  // namespace dgemma

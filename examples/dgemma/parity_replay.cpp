@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+// dgemma parity and dgemma replay: the contracts the reference tests use.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <diffusion_gemma/cpu/engine.hpp>
+#include <diffusion_gemma/io/draws.hpp>
+#include <diffusion_gemma/io/safetensors.hpp>
+#include <diffusion_gemma/io/safetensors_writer.hpp>
+#include <diffusion_gemma/runtime/decoder.hpp>
+
+#include "commands.hpp"
+#include "common.hpp"
+
+namespace dgemma {
+
+namespace dg = diffusion_gemma;
+
+namespace {
+
+std::vector<std::int32_t> as_ids(const std::vector<std::int64_t>& v) { return {v.begin(), v.end()}; }
+
+// Reads the F32 tensor `sc_logits` [C, V] of a safetensors file.
+std::vector<float> read_sc_logits(const std::string& path, std::int64_t C, std::int64_t V) {
+  const dg::io::SafetensorsFile f(path);
+  const auto& t = f.at("sc_logits");
+  if (t.dtype != dg::DType::kF32 || t.shape != dg::Shape{C, V}) {
+    throw dg::Error(dg::StatusCode::kFormatError, path + ": tensor 'sc_logits' must be F32 " + dg::Shape{C, V}.str() +
+                                                      ", is " + dg::dtype_name(t.dtype) + " " + t.shape.str());
+  }
+  std::vector<float> out(static_cast<std::size_t>(C * V));
+  std::memcpy(out.data(), t.data, out.size() * sizeof(float));
+  return out;
+}
+
+}  // namespace
+
+int cmd_parity(const std::vector<std::string>& args) {
+  Flags f("parity",
+          "Runs the encoder over the prompt (positions 0..P-1), then the denoiser over the canvas\n"
+          "(positions P..P+C-1), and writes F32 encoder_logits [P, V] and denoise_logits [C, V]\n"
+          "(after the final softcap, before any temperature) to a safetensors file.",
+          {{"model", "DIR", "checkpoint directory (config.json, model.safetensors[.index.json])"},
+           {"prompt-ids", "IDS", "comma-separated prompt token ids"},
+           {"canvas-ids", "IDS", "comma-separated canvas token ids (DiffusionGemma only)"},
+           {"sc-logits", "FILE", "safetensors with F32 sc_logits [C, V]: previous step's temperature-scaled logits"},
+           {"out", "FILE", "output safetensors file"},
+           {"check-weights", "", "scan every weight for NaN/Inf at load"},
+           {"threads", "N", "CPU threads (default: all)"}});
+  if (!f.parse(args)) {
+    std::cout << f.usage();
+    return 0;
+  }
+  const std::string out_path = f.required("out");
+  auto model = load_model(f.required("model"), f.flag("check-weights"));
+  const auto& cfg = model->config();
+  const auto prompt = as_ids(f.integers("prompt-ids", 0, cfg.vocab_size - 1));
+  const bool has_canvas = f.has("canvas-ids");
+  if (f.has("sc-logits") && !has_canvas) throw UsageError("--sc-logits needs --canvas-ids");
+  if (has_canvas && !cfg.is_diffusion()) throw UsageError("--canvas-ids needs a DiffusionGemma checkpoint");
+  const auto canvas = has_canvas ? as_ids(f.integers("canvas-ids", 0, cfg.vocab_size - 1)) : std::vector<std::int32_t>{};
+  dg::cpu::EngineOptions eo;
+  eo.threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
+  const std::int64_t P = static_cast<std::int64_t>(prompt.size()), C = static_cast<std::int64_t>(canvas.size());
+  const std::int64_t V = cfg.vocab_size, H = cfg.hidden_size;
+  if (P + C > cfg.max_position_embeddings) {
+    throw dg::Error(dg::StatusCode::kOutOfRange, "prompt (" + std::to_string(P) + ") + canvas (" + std::to_string(C) +
+                                                     ") exceed max_position_embeddings " +
+                                                     std::to_string(cfg.max_position_embeddings));
+  }
+  dg::io::SafetensorsWriter w;
+  dg::dispatch_backbone(cfg, [&](auto backbone) {
+    using Backbone = decltype(backbone);
+    dg::cpu::Engine<Backbone> engine(model, eo);
+    auto cache = engine.make_cache(P);
+    std::vector<float> hidden(static_cast<std::size_t>(std::max(P, C) * H)), logits(static_cast<std::size_t>(P * V));
+    engine.encode(prompt.data(), P, cache, hidden.data());
+    engine.lm_head(hidden.data(), P, logits.data());
+    w.add("encoder_logits", dg::Shape{P, V}, logits.data());
+    if (C > 0) {
+      std::vector<float> soft;
+      if (f.has("sc-logits")) {
+        const auto sc = read_sc_logits(f.str("sc-logits"), C, V);
+        soft.resize(static_cast<std::size_t>(C * H));
+        engine.soft_embedding_from_logits(sc.data(), C, soft.data());
+      }
+      logits.resize(static_cast<std::size_t>(C * V));
+      engine.denoise(canvas.data(), C, soft.empty() ? nullptr : soft.data(), cache, hidden.data());
+      engine.lm_head(hidden.data(), C, logits.data());
+      w.add("denoise_logits", dg::Shape{C, V}, logits.data());
+    }
+    return 0;
+  });
+  w.write(out_path);
+  std::fprintf(stderr, "wrote %s (P=%lld, C=%lld, V=%lld)\n", out_path.c_str(), static_cast<long long>(P),
+               static_cast<long long>(C), static_cast<long long>(V));
+  return 0;
+}
+
+int cmd_replay(const std::vector<std::string>& args) {
+  auto specs = sampler_flag_specs();
+  specs.insert(specs.begin(), {{"model", "DIR", "DiffusionGemma checkpoint directory"},
+                               {"draws", "FILE", "draws file recorded from transformers (tools/reference)"}});
+  specs.push_back({"threads", "N", "CPU threads (default: all)"});
+  Flags f("replay",
+          "Generates with the random draws recorded from transformers' generate() instead of our own\n"
+          "RNG and prints {\"tokens\": [...], \"steps\": [...], \"stop\": [...]}.",
+          specs);
+  if (!f.parse(args)) {
+    std::cout << f.usage();
+    return 0;
+  }
+  auto model = load_model(f.required("model"), false);
+  const auto& cfg = model->config();
+  if (!cfg.is_diffusion()) throw UsageError("replay needs a DiffusionGemma checkpoint");
+  const auto draws = dg::io::load_draws(f.required("draws"));
+  using ReplayDecoder = dg::Decoder<dg::cpu::Engine<dg::DiffusionGemmaBackbone>, dg::ReplaySampler>;
+  auto o = ReplayDecoder::default_options(model->generation_config());
+  apply_sampler_flags(f, cfg.vocab_size, o);
+  o.sampler.rng.draws = draws.draws;
+  dg::cpu::EngineOptions eo;
+  eo.threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
+  ReplayDecoder decoder(model, eo);
+  const auto r = decoder.generate(draws.prompt_ids, o);
+  nlohmann::json j;
+  j["tokens"] = r.tokens;
+  std::vector<int> steps;
+  std::vector<std::string> stop;
+  for (const auto& c : r.canvases) {
+    steps.push_back(c.steps);
+    stop.push_back(dg::to_string(c.stop));
+  }
+  j["steps"] = steps;
+  j["stop"] = stop;
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+}  // namespace dgemma

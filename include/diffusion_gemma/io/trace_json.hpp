@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+// The structured trace of a generation as JSON lines: one {"type": "step", ...} object per
+// denoising step and one {"type": "canvas", ...} object per committed canvas, then a summary.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include <diffusion_gemma/core/status.hpp>
+#include <diffusion_gemma/runtime/trace.hpp>
+
+namespace diffusion_gemma::io {
+
+inline nlohmann::ordered_json to_json(const StepRecord& s) {
+  return {{"type", "step"},           {"canvas", s.canvas},
+          {"step", s.step},           {"steps_remaining", s.steps_remaining},
+          {"temperature", s.temperature}, {"accepted", s.accepted},
+          {"mean_entropy", s.mean_entropy}, {"max_entropy", s.max_entropy},
+          {"draft_changes", s.draft_changes}, {"stable", s.stable},
+          {"confident", s.confident}, {"seconds", s.seconds}};
+}
+
+inline nlohmann::ordered_json to_json(const CanvasRecord& c) {
+  return {{"type", "canvas"},   {"canvas", c.canvas},     {"position", c.position},
+          {"length", c.length}, {"steps", c.steps},       {"stop", to_string(c.stop)},
+          {"valid_tokens", c.valid_tokens}, {"stop_token", c.stop_token}, {"seconds", c.seconds}};
+}
+
+inline nlohmann::ordered_json summary_json(const GenerationResult& r) {
+  return {{"type", "summary"},
+          {"finish", to_string(r.finish)},
+          {"tokens", r.tokens.size()},
+          {"canvases", r.canvases.size()},
+          {"forwards", r.forwards},
+          {"tokens_per_forward", r.tokens_per_forward},
+          {"seconds", r.seconds},
+          {"prefill_seconds", r.prefill_seconds},
+          {"first_commit_seconds", r.first_commit_seconds}};
+}
+
+// Appends JSON lines to a file as records arrive, so a long run can be followed with tail -f.
+class TraceWriter {
+ public:
+  explicit TraceWriter(const std::string& path) : path_(path), f_(std::fopen(path.c_str(), "w")) {
+    if (f_ == nullptr) throw_error(StatusCode::kIoError, path, ": cannot open for writing");
+  }
+  ~TraceWriter() {
+    if (f_ != nullptr) std::fclose(f_);
+  }
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  template <class Record>
+  void write(const Record& r) {
+    write_line(to_json(r).dump());
+  }
+  void write_summary(const GenerationResult& r) { write_line(summary_json(r).dump()); }
+
+ private:
+  void write_line(const std::string& line) {
+    if (std::fputs(line.c_str(), f_) < 0 || std::fputc('\n', f_) == EOF) throw_error(StatusCode::kIoError, path_, ": write failed");
+    std::fflush(f_);
+  }
+  std::string path_;
+  std::FILE* f_;
+};
+
+}  // namespace diffusion_gemma::io

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0
+// The streaming vocabulary pass against a materialising oracle (full [C, V] logits, then the
+// textbook formulas in double precision), and its sampler against the softmax distribution.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <diffusion_gemma/cpu/engine.hpp>
+
+#include "support/catch.hpp"
+#include "support/paths.hpp"
+
+using namespace diffusion_gemma;
+
+namespace {
+
+struct Oracle {
+  std::vector<int> argmax;
+  std::vector<double> entropy;
+  std::vector<double> soft;  // [C, H]
+  std::vector<std::vector<double>> probs;
+};
+
+Oracle oracle(const std::vector<float>& logits, std::int64_t C, std::int64_t V, const float* E, std::int64_t H,
+              float T, float embed_scale) {
+  Oracle o;
+  o.soft.assign(static_cast<std::size_t>(C * H), 0.0);
+  for (std::int64_t r = 0; r < C; ++r) {
+    const float* l = logits.data() + r * V;
+    std::vector<double> x(static_cast<std::size_t>(V));
+    for (std::int64_t i = 0; i < V; ++i) x[i] = static_cast<double>(l[i] / T);
+    o.argmax.push_back(static_cast<int>(std::max_element(x.begin(), x.end()) - x.begin()));
+    const double m = *std::max_element(x.begin(), x.end());
+    double s = 0.0;
+    for (double v : x) s += std::exp(v - m);
+    std::vector<double> p(static_cast<std::size_t>(V));
+    double h = 0.0;
+    for (std::int64_t i = 0; i < V; ++i) {
+      p[i] = std::exp(x[i] - m) / s;
+      if (p[i] > 0) h -= p[i] * std::log(p[i]);
+      for (std::int64_t k = 0; k < H; ++k) o.soft[r * H + k] += p[i] * E[i * H + k] * embed_scale;
+    }
+    o.entropy.push_back(h);
+    o.probs.push_back(p);
+  }
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("streaming vocabulary pass equals the materialising oracle", "[cpu][vocab]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_wide"));
+  cpu::Engine<DiffusionGemmaBackbone> engine(model);
+  const auto& cfg = model->config();
+  const std::int64_t C = cfg.canvas_length, H = cfg.hidden_size, V = cfg.vocab_size;
+  cpu::KvCache cache = engine.make_cache(32);
+  std::vector<std::int32_t> prompt{5, 17, 99, 3}, canvas(static_cast<std::size_t>(C));
+  for (std::int64_t i = 0; i < C; ++i) canvas[i] = static_cast<std::int32_t>((i * 37 + 11) % V);
+  engine.encode(prompt.data(), 4, cache);
+  std::vector<float> hidden(C * H), logits(C * V);
+  engine.denoise(canvas.data(), C, nullptr, cache, hidden.data());
+  engine.lm_head(hidden.data(), C, logits.data());
+
+  for (float T : {1.0f, 0.8f, 0.4083333f, 0.05f}) {
+    const Oracle o = oracle(logits, C, V, model->embed_tokens().data(), H, T, model->embed_scale());
+    VocabPassArgs args;
+    args.temperature = T;
+    args.key = DrawKey{7, 0, 0};
+    VocabPassResult r;
+    engine.vocab_pass(hidden.data(), C, args, r);
+    double max_h = 0.0, max_soft = 0.0;
+    for (std::int64_t i = 0; i < C; ++i) {
+      CHECK(r.argmax[i] == o.argmax[i]);
+      CHECK(r.sample[i] >= 0);
+      CHECK(r.sample[i] < V);
+      max_h = std::max(max_h, std::abs(r.entropy[i] - o.entropy[i]));
+    }
+    for (std::int64_t i = 0; i < C * H; ++i) max_soft = std::max(max_soft, std::abs(r.soft_embedding[i] - o.soft[i]));
+    // fp32 streaming vs double oracle: entropies to 1e-5 nats, soft embeddings to 1e-4 (values ~1).
+    CHECK(max_h < 1e-5);
+    CHECK(max_soft < 1e-4);
+  }
+  SECTION("the same draws give the same samples; other keys give other samples") {
+    VocabPassArgs a;
+    a.key = DrawKey{1, 2, 3};
+    VocabPassResult r1, r2, r3;
+    engine.vocab_pass(hidden.data(), C, a, r1);
+    engine.vocab_pass(hidden.data(), C, a, r2);
+    CHECK(r1.sample == r2.sample);
+    a.key.step = 4;
+    engine.vocab_pass(hidden.data(), C, a, r3);
+    CHECK(r1.sample != r3.sample);
+  }
+}
+
+TEST_CASE("chunked Gumbel sampling follows the softmax distribution", "[cpu][vocab][statistics]") {
+  // One position, V = 600 (three chunks, the last partial), a peaked and a flat region: 40000
+  // draws over (canvas, step) keys. Pearson chi-square over ids with expected count >= 5.
+  const std::int64_t V = 600, H = 4;
+  std::vector<float> E(V * H, 0.0f), hidden(H, 0.0f);
+  for (std::int64_t i = 0; i < V; ++i) E[i * H] = static_cast<float>(std::sin(0.37 * i) * 3.0 + (i == 300 ? 4.0 : 0.0));
+  hidden[0] = 1.0f;
+  cpu::VocabPass pass;
+  const float T = 0.7f;
+  std::vector<double> p(V);
+  double m = -1e30, s = 0.0;
+  for (std::int64_t i = 0; i < V; ++i) m = std::max(m, static_cast<double>(E[i * H] / T));
+  for (std::int64_t i = 0; i < V; ++i) s += p[i] = std::exp(E[i * H] / T - m);
+  for (auto& x : p) x /= s;
+  std::vector<int> counts(V, 0);
+  const int draws = 40000;
+  VocabPassResult r;
+  for (int d = 0; d < draws; ++d) {
+    VocabPassArgs a;
+    a.temperature = T;
+    a.soft_embedding = false;
+    a.key = DrawKey{99, static_cast<std::uint32_t>(d / 64), static_cast<std::uint32_t>(d % 64)};
+    pass.run(E.data(), V, H, 0.0f, 1.0f, hidden.data(), 1, a, r);
+    ++counts[r.sample[0]];
+  }
+  double chi2 = 0.0;
+  int dof = -1;
+  double rare_expected = 0.0, rare_seen = 0.0;
+  for (std::int64_t i = 0; i < V; ++i) {
+    const double e = p[i] * draws;
+    if (e >= 5.0) {
+      chi2 += (counts[i] - e) * (counts[i] - e) / e;
+      ++dof;
+    } else {
+      rare_expected += e;
+      rare_seen += counts[i];
+    }
+  }
+  INFO("chi2 " << chi2 << " with " << dof << " degrees of freedom");
+  // Far in the tail for dof up to ~300 (mean dof, sd sqrt(2 dof)); a biased sampler lands far above.
+  CHECK(chi2 < dof + 6.0 * std::sqrt(2.0 * dof));
+  CHECK(std::abs(rare_seen - rare_expected) < 6.0 * std::sqrt(rare_expected + 1.0));
+}
