@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
                   static_cast<double>(text.size()) / static_cast<double>(n_ids));
       std::printf("  encode one %.1f MB text : %7.2f MB/s\n", static_cast<double>(text.size()) / 1e6, whole);
       std::printf("  encode 2 KB documents  : %7.2f MB/s\n", per_doc);
-      std::printf("  decode                 : %7.2f MB/s%s\n", dec, out_bytes == text.size() ? "" : " (round trip differs!)");
+      std::printf("  decode                 : %7.2f MB/s%s\n", dec,
+                  out_bytes == text.size() ? "" : " (round trip differs!)");
       if (sink == 0) std::printf("  (no ids?)\n");
     }
   } catch (const std::exception& e) {

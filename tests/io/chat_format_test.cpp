@@ -52,20 +52,23 @@ TEST_CASE("golden: render_chat equals the Jinja rendering, encode_chat the Pytho
 }
 
 TEST_CASE("chat format follows spec/MODEL.md section 9", "[io][chat]") {
-  const std::vector<ChatMessage> conv = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
+  const std::vector<ChatMessage> conv = {
+      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
   CHECK(io::render_chat(conv) ==
         "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello.<turn|>\n"
         "<|turn>user\nBye<turn|>\n<|turn>model\n");
 
   ChatOptions thinking;
   thinking.enable_thinking = true;
-  CHECK(io::render_chat({{"user", "Hi"}}, thinking) == "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n");
+  CHECK(io::render_chat({{"user", "Hi"}}, thinking) ==
+        "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n");
   CHECK(io::render_chat({{"system", "S"}, {"user", "Hi"}}, thinking) ==
         "<bos><|turn>system\n<|think|>\nS<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n");
 
   ChatOptions no_prompt;
   no_prompt.add_generation_prompt = false;
-  CHECK(io::render_chat({{"user", "Hi"}, {"model", "Yo"}}, no_prompt) == "<bos><|turn>user\nHi<turn|>\n<|turn>model\nYo<turn|>\n");
+  CHECK(io::render_chat({{"user", "Hi"}, {"model", "Yo"}}, no_prompt) ==
+        "<bos><|turn>user\nHi<turn|>\n<|turn>model\nYo<turn|>\n");
 
   CHECK(io::strip_thinking(" <|channel>thought\nplan<channel|>Answer ") == "Answer");
   CHECK(io::strip_thinking("a<channel|>b") == "ab");

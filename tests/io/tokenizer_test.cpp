@@ -29,7 +29,8 @@ std::vector<int> ids_of(const Json& j) { return j.get<std::vector<int>>(); }
 
 std::string from_hex(const std::string& hex) {
   std::string out;
-  for (std::size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
 }
 
@@ -106,7 +107,8 @@ TEST_CASE("golden: component variants (Split behaviors, normalizer and decoder s
     for (auto it = v.at("override").begin(); it != v.at("override").end(); ++it) j[it.key()] = it.value();
     if (v.contains("model_patch")) {
       const Json& patch = v.at("model_patch");
-      for (auto it = patch.at("vocab").begin(); it != patch.at("vocab").end(); ++it) j["model"]["vocab"][it.key()] = it.value();
+      for (auto it = patch.at("vocab").begin(); it != patch.at("vocab").end(); ++it)
+        j["model"]["vocab"][it.key()] = it.value();
       Json merges = patch.at("merges_prepend");
       for (const Json& m : j["model"]["merges"]) merges.push_back(m);
       j["model"]["merges"] = merges;
@@ -325,7 +327,8 @@ TEST_CASE("a long segment between added tokens encodes exactly and independently
   const Json& corpus = golden().at("corpus");
   std::size_t longest = 0;
   for (std::size_t i = 0; i < corpus.size(); ++i) {
-    if (corpus[i].at("text").get<std::string>().size() > corpus[longest].at("text").get<std::string>().size()) longest = i;
+    if (corpus[i].at("text").get<std::string>().size() > corpus[longest].at("text").get<std::string>().size())
+      longest = i;
   }
   const std::string para = corpus[longest].at("text").get<std::string>();
   const std::vector<int> para_ids = ids_of(golden().at("tokenizers")[1].at("results").at(longest).at("ids_no_special"));

@@ -53,7 +53,8 @@ inline std::string strip_thinking(std::string_view text) {
   std::size_t pos = 0;
   for (;;) {
     const std::size_t close = text.find(kClose, pos);
-    const std::string_view part = text.substr(pos, close == std::string_view::npos ? std::string_view::npos : close - pos);
+    const std::string_view part =
+        text.substr(pos, close == std::string_view::npos ? std::string_view::npos : close - pos);
     out.append(part.substr(0, part.find(kOpen)));
     if (close == std::string_view::npos) break;
     pos = close + kClose.size();

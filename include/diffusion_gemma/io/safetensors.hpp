@@ -172,27 +172,36 @@ inline std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view h
 
 }  // namespace detail
 
+namespace detail {
+
+// Parses a whole safetensors image held in memory (`size` bytes at `bytes`); the returned views
+// point into it. SafetensorsFile uses it on a memory map; the fuzzer on raw input.
+inline std::vector<SafetensorsEntry> parse_safetensors(const std::byte* bytes, std::size_t size, const std::string& where,
+                                                       std::map<std::string, std::string>* metadata) {
+  if (size < 8) {
+    throw_error(StatusCode::kFormatError, where, ": ", size == 0 ? "empty file" : "truncated file", " (", size,
+                " bytes): a safetensors file starts with an 8-byte header length");
+  }
+  const std::uint64_t header_len = read_le_u64(bytes);
+  if (header_len > kMaxSafetensorsHeaderBytes) {
+    throw_error(StatusCode::kFormatError, where, ": header length ", header_len, " bytes is implausibly large (limit ",
+                kMaxSafetensorsHeaderBytes, ")");
+  }
+  if (header_len > size - 8) {
+    throw_error(StatusCode::kFormatError, where, ": header length ", header_len, " exceeds the ", size - 8,
+                " bytes that follow it (file truncated?)");
+  }
+  const std::string_view header(reinterpret_cast<const char*>(bytes + 8), header_len);
+  return parse_safetensors_header(header, bytes + 8 + header_len, size - 8 - header_len, where, metadata);
+}
+
+}  // namespace detail
+
 // One .safetensors file, mapped.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path) : file_(path) {
-    const std::size_t size = file_.size();
-    if (size < 8) {
-      throw_error(StatusCode::kFormatError, path, ": ", size == 0 ? "empty file" : "truncated file",
-                  " (", size, " bytes): a safetensors file starts with an 8-byte header length");
-    }
-    const std::uint64_t header_len = detail::read_le_u64(file_.data());
-    if (header_len > kMaxSafetensorsHeaderBytes) {
-      throw_error(StatusCode::kFormatError, path, ": header length ", header_len, " bytes is implausibly large (limit ",
-                  kMaxSafetensorsHeaderBytes, ")");
-    }
-    if (header_len > size - 8) {
-      throw_error(StatusCode::kFormatError, path, ": header length ", header_len, " exceeds the ", size - 8,
-                  " bytes that follow it (file truncated?)");
-    }
-    const std::string_view header(reinterpret_cast<const char*>(file_.data() + 8), header_len);
-    const std::byte* data = file_.data() + 8 + header_len;
-    entries_ = detail::parse_safetensors_header(header, data, size - 8 - header_len, path, &metadata_);
+    entries_ = detail::parse_safetensors(file_.data(), file_.size(), path, &metadata_);
     for (std::size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
   }
 

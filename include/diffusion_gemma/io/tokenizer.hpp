@@ -235,8 +235,8 @@ class Tokenizer {
 
   void check_id(int id) const {
     if (!has_id(id)) {
-      throw_error(StatusCode::kOutOfRange, source_, ": token id ", id, " is not in the vocabulary (",
-                  vocab_size_, " tokens, ids below ", id_limit(), ")");
+      throw_error(StatusCode::kOutOfRange, source_, ": token id ", id, " is not in the vocabulary (", vocab_size_,
+                  " tokens, ids below ", id_limit(), ")");
     }
   }
   const std::string& decode_form(int id) const {

@@ -70,11 +70,11 @@ class MergeTable {
 
  private:
   static constexpr std::uint64_t kEmpty = ~std::uint64_t{0};
-  static std::uint64_t make_key(int a, int b) {
-    return (std::uint64_t(std::uint32_t(a)) << 32) | std::uint32_t(b);
-  }
+  static std::uint64_t make_key(int a, int b) { return (std::uint64_t(std::uint32_t(a)) << 32) | std::uint32_t(b); }
   // Fibonacci hashing: the top bits of the product depend on both ids.
-  std::size_t slot(std::uint64_t key) const { return static_cast<std::size_t>((key * 0x9e3779b97f4a7c15ull) >> shift_); }
+  std::size_t slot(std::uint64_t key) const {
+    return static_cast<std::size_t>((key * 0x9e3779b97f4a7c15ull) >> shift_);
+  }
   void grow() {
     std::vector<std::uint64_t> old_keys = std::move(keys_);
     std::vector<Value> old_values = std::move(values_);
@@ -139,7 +139,8 @@ class BpeModel {
     int max_id = -1;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
       const std::int64_t id = model.as_integer(it.value(), "vocab." + it.key());
-      if (id < 0 || id >= kMaxId) model.fail("vocab", "token '", it.key(), "' has id ", id, ", outside [0, ", kMaxId, ")");
+      if (id < 0 || id >= kMaxId)
+        model.fail("vocab", "token '", it.key(), "' has id ", id, ", outside [0, ", kMaxId, ")");
       m.vocab_.emplace(it.key(), static_cast<int>(id));
       max_id = std::max(max_id, static_cast<int>(id));
     }
@@ -306,7 +307,10 @@ class BpeModel {
       const int ij = token_to_id(joined);
       if (ia < 0 || ib < 0 || ij < 0) {
         model.fail("merges", "merge ", i, " ('", a, "' + '", b, "') uses a token that is not in the vocabulary ('",
-                   ia < 0 ? a : ib < 0 ? b : joined, "')");
+                   ia < 0   ? a
+                   : ib < 0 ? b
+                            : joined,
+                   "')");
       }
       merges_.insert(ia, ib, MergeTable::Value{rank, ij});
       merged.push_back(joined);
@@ -354,7 +358,8 @@ class BpeModel {
         }
         if (!done && has_unk_) {
           if (unk_id_ < 0) {
-            throw_error(StatusCode::kFormatError, source_, ": BPE unk_token '", unk_token_, "' is not in the vocabulary");
+            throw_error(StatusCode::kFormatError, source_, ": BPE unk_token '", unk_token_,
+                        "' is not in the vocabulary");
           }
           if (unk_len > 0 && !fuse_unk_) {
             add(unk_id, unk_len);

@@ -190,8 +190,8 @@ class PreTokenizer {
       case Behavior::kMergedWithPrevious: {
         bool previous_match = false;
         for (const Segment& s : segs) {
-          const bool merge = step.behavior == Behavior::kContiguous ? s.is_match == previous_match
-                                                                    : s.is_match && !previous_match;
+          const bool merge =
+              step.behavior == Behavior::kContiguous ? s.is_match == previous_match : s.is_match && !previous_match;
           if (merge && !kept.empty()) {
             kept.back().end = s.end;
           } else {
@@ -252,7 +252,9 @@ class Decoder {
             if (t.find(s.pattern) != std::string::npos) t = replace_all(t, s.pattern, s.content);
           }
           break;
-        case Step::kByteFallback: tokens = byte_fallback(std::move(tokens)); break;
+        case Step::kByteFallback:
+          tokens = byte_fallback(std::move(tokens));
+          break;
         case Step::kFuse: {
           std::string all;
           for (const std::string& t : tokens) all += t;
@@ -305,7 +307,8 @@ class Decoder {
       s.start = static_cast<std::size_t>(start);
       steps_.push_back(std::move(s));
     } else {
-      unsupported_component(file, path, "decoder", type, "Replace with a String pattern, ByteFallback, Fuse, Strip, Sequence");
+      unsupported_component(file, path, "decoder", type,
+                            "Replace with a String pattern, ByteFallback, Fuse, Strip, Sequence");
     }
   }
 

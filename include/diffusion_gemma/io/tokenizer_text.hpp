@@ -44,9 +44,12 @@ inline char32_t decode_utf8_at(std::string_view s, std::size_t i, std::size_t& l
   const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i;
   len = utf8_length(p[0]);
   switch (len) {
-    case 1: return p[0];
-    case 2: return (char32_t(p[0] & 0x1f) << 6) | (p[1] & 0x3f);
-    case 3: return (char32_t(p[0] & 0x0f) << 12) | (char32_t(p[1] & 0x3f) << 6) | (p[2] & 0x3f);
+    case 1:
+      return p[0];
+    case 2:
+      return (char32_t(p[0] & 0x1f) << 6) | (p[1] & 0x3f);
+    case 3:
+      return (char32_t(p[0] & 0x0f) << 12) | (char32_t(p[1] & 0x3f) << 6) | (p[2] & 0x3f);
     default:
       return (char32_t(p[0] & 0x07) << 18) | (char32_t(p[1] & 0x3f) << 12) | (char32_t(p[2] & 0x3f) << 6) |
              (p[3] & 0x3f);

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded time on a
+# copy of its committed seed corpus.
+#   scripts/fuzz.sh [SECONDS_PER_TARGET] [BUILD_DIR]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+seconds="${1:-20}"
+build="${2:-$root/build-fuzz}"
+cmake -S "$root" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDG_FUZZ=ON \
+  -DDG_BUILD_TESTS=OFF -DDG_BUILD_EXAMPLES=OFF -DDG_BUILD_BENCHMARKS=OFF -DDG_INSTALL=OFF -DDG_CUDA=OFF >/dev/null
+cmake --build "$build" -j"$(nproc)"
+for target in "$build"/tests/fuzz/*_fuzz; do
+  name="$(basename "$target" _fuzz)"
+  work="$build/corpus/$name"
+  mkdir -p "$work"
+  cp -n "$root/tests/fuzz/corpus/$name/"* "$work/" 2>/dev/null || true
+  echo "fuzzing $name for ${seconds}s"
+  "$target" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$build/crash-$name-" "$work" 2>&1 |
+    grep -E "^(stat::number_of_executed_units|Done|==|SUMMARY|INFO: Seed)" || true
+  # libFuzzer exits non-zero on any crash or sanitizer report; pipefail carries it here.
+done

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The README's main command: installs what is missing, builds dgemma, and generates with the
+# bundled model, showing the canvas denoise live. Extra arguments go to `dgemma generate`
+# (for example --prompt "..." or --model DIR).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+"$root/scripts/install-deps.sh"
+build="${DG_BUILD_DIR:-$root/build}"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j"$(nproc)" --target dgemma
+model="$root/models/dg-tiny-tasks"
+if [ "$#" -eq 0 ]; then
+  prompt="$(head -n 1 "$model/sample_prompt.txt" 2>/dev/null || echo "Sort: 42 7 19 3")"
+  set -- --chat --prompt "$prompt"
+fi
+exec "$build/examples/dgemma" generate --model "$model" "$@"
