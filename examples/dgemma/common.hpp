@@ -71,7 +71,9 @@ void apply_sampler_flags(const Flags& f, std::int64_t vocab, Options& o) {
   if (!(o.sampler.stopping.confidence_threshold > 0.0)) throw UsageError("--confidence-threshold must be > 0");
   if (f.has("stop-ids")) {
     o.scheduler.stop_token_ids.clear();
-    for (auto id : f.integers("stop-ids", 0, vocab - 1)) o.scheduler.stop_token_ids.push_back(static_cast<int>(id));
+    // Any non-negative id is accepted, as transformers does: one outside the vocabulary never matches.
+    (void)vocab;
+    for (auto id : f.integers("stop-ids", 0, INT32_MAX)) o.scheduler.stop_token_ids.push_back(static_cast<int>(id));
   }
 }
 

@@ -314,7 +314,8 @@ def decode_cases(tok, spec):
     cases = []
 
     def add(name, ids):
-        cases.append(dict(name=name, ids=ids, decoded=tok.decode(ids), decoded_keep=tok.decode(ids, skip_special_tokens=False)))
+        cases.append(dict(name=name, ids=ids, decoded=tok.decode(ids),
+                          decoded_keep=tok.decode(ids, skip_special_tokens=False)))
 
     if spec["bytes"]:
         b = lambda x: v[f"<0x{x:02X}>"]  # noqa: E731

@@ -247,9 +247,14 @@ class BpeModel {
     return char_id_.count(x) != 0 && no_cut_after_.count(x) == 0;
   }
 
+  template <std::size_t N>
+  static std::array<int, N> no_ids() {
+    std::array<int, N> a{};
+    a.fill(-1);
+    return a;
+  }
+
   void index_characters() {
-    ascii_id_.fill(-1);
-    byte_id_.fill(-1);
     for (const auto& [token, id] : vocab_) {
       const auto* p = reinterpret_cast<const unsigned char*>(token.data());
       if (token.size() == 1 && p[0] < 0x80) {
@@ -424,8 +429,9 @@ class BpeModel {
   std::unordered_map<std::string, int> vocab_;
   std::vector<std::string> id_to_token_;
   std::vector<bool> has_id_;
-  std::array<int, 128> ascii_id_{};
-  std::array<int, 256> byte_id_{};
+  // -1: no such token (also in a default-constructed model, which then encodes nothing).
+  std::array<int, 128> ascii_id_ = no_ids<128>();
+  std::array<int, 256> byte_id_ = no_ids<256>();
   std::unordered_map<char32_t, int> char_id_;
   MergeTable merges_;
   std::string source_;  // for messages raised while encoding
