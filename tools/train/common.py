@@ -15,7 +15,7 @@ DATA_DIR = os.path.join(HERE, "data")
 
 # ----------------------------------------------------------------------------- model config
 CANVAS_LENGTH = 16
-VOCAB_SIZE = 512
+VOCAB_SIZE = 576  # smallest round size where every task word is one token (with and without ▁)
 
 TEXT_CONFIG = dict(
     vocab_size=VOCAB_SIZE,
@@ -146,11 +146,12 @@ def canvas_instances(prompt: list[int], answer: list[int], canvas_length: int = 
 
 
 # ----------------------------------------------------------------------------- forward passes
-def corrupt(target: torch.Tensor, vocab_size: int, gen: torch.Generator, eps: float = 1e-3):
+def corrupt(target: torch.Tensor, vocab_size: int, gen: torch.Generator, eps: float = 1e-3, t_power: float = 1.0):
     """Uniform-state corruption: each position is replaced by a uniform random id over the whole
-    vocabulary with probability t, t ~ U(eps, 1) per example."""
+    vocabulary with probability t, per example t = 1 - (1 - u)^t_power, u ~ U(eps, 1) (t_power = 1: t ~ U(eps, 1))."""
     b, c = target.shape
-    t = eps + (1 - eps) * torch.rand(b, 1, generator=gen)
+    u = eps + (1 - eps) * torch.rand(b, 1, generator=gen)
+    t = 1 - (1 - u) ** t_power
     replace = torch.rand(b, c, generator=gen) < t
     noise = torch.randint(0, vocab_size, (b, c), generator=gen)
     return torch.where(replace, noise, target), t

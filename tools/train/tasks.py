@@ -9,8 +9,8 @@ and the model's reply is `{answer}<turn|>`.
 
 Tasks (difficulty chosen so that a ~4M-parameter model reaches >= 90 % exact match after < 1 h of CPU
 training; see README.md):
-  sort     sort 3..8 distinct integers in 0..99 ascending              ("Sort ascending: 42 7 19")
-  add      add two integers with 1..3 digits each                       ("Add: 482 + 93")
+  sort     sort 3..8 distinct two-digit integers (10..99) ascending    ("Sort ascending: 42 17 19")
+  add      add two three-digit integers (100..999)                      ("Add: 482 + 913")
   reverse  reverse a comma-separated list of 3..10 words                ("Reverse: red, cat, sun")
   sudoku   solve a 4x4 sudoku with 4..10 blanks (0 = blank), unique solution
            rows separated by "/"                                        ("Sudoku: 1200/0043/...")
@@ -77,14 +77,12 @@ def grid_str(cells) -> str:
 # ----------------------------------------------------------------------------- generators
 def gen_sort(rng: random.Random) -> tuple[str, str]:
     n = rng.randint(3, 8)
-    xs = rng.sample(range(100), n)
+    xs = rng.sample(range(10, 100), n)
     return "Sort ascending: " + " ".join(map(str, xs)), " ".join(map(str, sorted(xs)))
 
 
 def gen_add(rng: random.Random) -> tuple[str, str]:
-    da, db = rng.randint(1, 3), rng.randint(1, 3)
-    a = rng.randint(0 if da == 1 else 10 ** (da - 1), 10 ** da - 1)
-    b = rng.randint(0 if db == 1 else 10 ** (db - 1), 10 ** db - 1)
+    a, b = rng.randint(100, 999), rng.randint(100, 999)
     return f"Add: {a} + {b}", str(a + b)
 
 

@@ -60,6 +60,9 @@ def parse_args():
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--sc-prob", type=float, default=0.5)
+    ap.add_argument("--t-power", type=float, default=1.0,
+                    help="noise level t = 1 - (1 - u)^k, u ~ U(eps, 1); k = 1 is uniform, k > 1 favours high noise")
+    ap.add_argument("--data-dir", default=common.DATA_DIR)
     ap.add_argument("--text-config", default="{}", help="JSON overrides of common.TEXT_CONFIG")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -81,19 +84,22 @@ def main():
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     os.makedirs(args.out, exist_ok=True)
-    os.makedirs(common.DATA_DIR, exist_ok=True)
+    os.makedirs(args.data_dir, exist_ok=True)
     os.makedirs(os.path.dirname(args.log), exist_ok=True)
 
     # 1. data
     train_ex, test_ex = tasks.make_splits(args.n_train, args.n_test)
-    common.write_jsonl(os.path.join(common.DATA_DIR, "train.jsonl"), train_ex)
-    common.write_jsonl(os.path.join(common.DATA_DIR, "test.jsonl"), test_ex)
+    common.write_jsonl(os.path.join(args.data_dir, "train.jsonl"), train_ex)
+    common.write_jsonl(os.path.join(args.data_dir, "test.jsonl"), test_ex)
     t_data = time.time() - t_start
     print(f"[data] {len(train_ex)} train / {len(test_ex)} test examples ({t_data:.1f}s)", flush=True)
 
     # 2. tokenizer (trained on the train split only)
     tok = build_tokenizer.build([e["prompt"] + e["answer"] + "<turn|>" for e in train_ex], common.VOCAB_SIZE,
                                 os.path.join(args.out, "tokenizer.json"))
+    for w in tasks.WORDS:  # keeps the reverse task's canvas alignment simple
+        assert len(tok.encode(w, add_special_tokens=False).ids) == 1, w
+        assert len(tok.encode(" " + w, add_special_tokens=False).ids) == 1, w
     with open(os.path.join(args.out, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "GemmaTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
                    "pad_token": "<pad>", "unk_token": "<unk>", "mask_token": "<mask>", "add_bos_token": True,
@@ -122,6 +128,7 @@ def main():
     cfg = common.make_config(json.loads(args.text_config))
     torch.manual_seed(args.seed)
     model = DiffusionGemmaForBlockDiffusion(cfg)
+    model.set_experts_implementation("eager")  # fastest on CPU for these sizes (grouped_mm loops tiny GEMMs)
     model.train()
     params = common.count_params(model)
     print(f"[model] params {params}", flush=True)
@@ -148,7 +155,7 @@ def main():
         batch = [pool[rng.randrange(len(pool))] for _ in range(args.batch)]
         prefix = torch.tensor([b[0] for b in batch])
         target = torch.tensor([b[1] for b in batch])
-        noisy, _ = common.corrupt(target, V, gen)
+        noisy, _ = common.corrupt(target, V, gen, t_power=args.t_power)
 
         from transformers import DynamicCache
         cache = DynamicCache(config=cfg.get_text_config(decoder=True))

@@ -109,6 +109,8 @@ class Model {
   float embed_scale() const { return embed_scale_; }
   DType weight_dtype() const { return weight_dtype_; }
   std::size_t owned_bytes() const { return owned_bytes_; }
+  // Bytes of all parameters as fp32 (whether widened copies or mapped from an F32 checkpoint).
+  std::size_t parameter_bytes() const { return parameter_bytes_; }
 
  private:
   Model() = default;
@@ -163,6 +165,17 @@ class Model {
       sc_down_ = FloatTensor(w.self_conditioning.down_proj);
       tick();
     }
+    const auto bytes = [](const FloatTensor& t) { return t.empty() ? std::size_t{0} : static_cast<std::size_t>(t.shape().numel()) * 4; };
+    parameter_bytes_ = bytes(embed_) + bytes(final_norm_) + bytes(sc_pre_norm_) + bytes(sc_gate_) + bytes(sc_up_) + bytes(sc_down_);
+    for (const auto& L : layers_) {
+      for (const FloatTensor* t : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.q_norm, &L.k_norm, &L.input_layernorm,
+                                   &L.post_attention_layernorm, &L.pre_feedforward_layernorm, &L.post_feedforward_layernorm,
+                                   &L.post_feedforward_layernorm_1, &L.pre_feedforward_layernorm_2,
+                                   &L.post_feedforward_layernorm_2, &L.mlp_gate, &L.mlp_up, &L.mlp_down, &L.router_proj,
+                                   &L.router_scale, &L.router_per_expert_scale, &L.experts_gate_up, &L.experts_down}) {
+        parameter_bytes_ += bytes(*t);
+      }
+    }
     owned_bytes_ = embed_.owned_bytes();
     for (const auto& L : layers_) {
       for (const FloatTensor* t : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.mlp_gate, &L.mlp_up, &L.mlp_down,
@@ -183,6 +196,7 @@ class Model {
   float embed_scale_ = 1.0f;
   DType weight_dtype_ = DType::kF32;
   std::size_t owned_bytes_ = 0;
+  std::size_t parameter_bytes_ = 0;
 };
 
 }  // namespace diffusion_gemma::cpu
