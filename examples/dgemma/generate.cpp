@@ -34,6 +34,23 @@ namespace {
 
 std::atomic<bool> g_interrupted{false};
 
+// Text of ids; ids the tokenizer does not know (a model vocabulary larger than tokenizer.json's)
+// show as <ID> instead of failing mid-generation.
+std::string decode_known(const dg::io::Tokenizer& tok, const std::vector<std::int32_t>& ids) {
+  std::string text;
+  std::vector<int> run;
+  for (auto id : ids) {
+    if (tok.has_id(id)) {
+      run.push_back(id);
+      continue;
+    }
+    text += tok.decode(run);
+    run.clear();
+    text += "<" + std::to_string(id) + ">";
+  }
+  return text + tok.decode(run);
+}
+
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
 
 int terminal_width() {
@@ -42,10 +59,32 @@ int terminal_width() {
   return 80;
 }
 
-// Display cells of UTF-8 text (one per code point: good enough for the view's layout).
+// Terminal cells of one code point: 2 for East Asian wide and emoji ranges, else 1 (a close
+// approximation of wcwidth that keeps the view's line count right).
+int cell_width(std::uint32_t cp) {
+  const bool wide = (cp >= 0x1100 && cp <= 0x115f) || (cp >= 0x2e80 && cp <= 0xa4cf) || (cp >= 0xac00 && cp <= 0xd7a3) ||
+                    (cp >= 0xf900 && cp <= 0xfaff) || (cp >= 0xfe30 && cp <= 0xfe4f) || (cp >= 0xff00 && cp <= 0xff60) ||
+                    (cp >= 0xffe0 && cp <= 0xffe6) || (cp >= 0x1f300 && cp <= 0x1f64f) || (cp >= 0x1f900 && cp <= 0x1f9ff) ||
+                    (cp >= 0x20000 && cp <= 0x3fffd);
+  return wide ? 2 : 1;
+}
+
+// Calls f(width) for each code point of valid UTF-8 text.
+template <class F>
+void for_each_cell(const std::string& s, F&& f) {
+  for (std::size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+    std::uint32_t cp = len == 1 ? c : c & (0x3f >> (len - 1));
+    for (int k = 1; k < len && i + k < s.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+    f(cp, cell_width(cp));
+    i += static_cast<std::size_t>(len);
+  }
+}
+
 int cells(const std::string& s) {
   int n = 0;
-  for (unsigned char c : s) n += (c & 0xc0) != 0x80;
+  for_each_cell(s, [&](std::uint32_t, int w) { n += w; });
   return n;
 }
 
@@ -82,7 +121,8 @@ class CanvasView {
     int col = 0;
     int rows = 2;
     for (int i = 0; i < e.length; ++i) {
-      std::string piece = tok_ ? visible(tok_->decode(&e.draft[i], 1, false)) : std::to_string(e.draft[i]) + " ";
+      std::string piece = tok_ && tok_->has_id(e.draft[i]) ? visible(tok_->decode(&e.draft[i], 1, false))
+                                                           : "<" + std::to_string(e.draft[i]) + ">";
       if (piece.empty()) piece = "\u2205";
       const int w = cells(piece);
       if (col + w > width_) {
@@ -97,7 +137,7 @@ class CanvasView {
     const std::string text = s.str();
     std::fputs(text.c_str(), stderr);
     std::fflush(stderr);
-    drawn_rows_ = rows - 1;
+    drawn_rows_ = rows;  // lines below the committed text's last line
   }
 
   // Removes the view, leaving the cursor right after the committed text.
@@ -110,13 +150,14 @@ class CanvasView {
 
   // Committed text went to the terminal: track the column where it ends.
   void after_text(const std::string& text) {
-    for (unsigned char c : text) {
-      if (c == '\n') {
+    for_each_cell(text, [&](std::uint32_t cp, int w) {
+      if (cp == '\n') {
         text_col_ = 0;
-      } else if ((c & 0xc0) != 0x80) {
-        text_col_ = (text_col_ + 1) % width_;
+      } else {
+        text_col_ = text_col_ + w > width_ ? w : text_col_ + w;
+        if (text_col_ == width_) text_col_ = 0;
       }
-    }
+    });
   }
 
  private:
@@ -151,6 +192,7 @@ int cmd_generate(const std::vector<std::string>& args) {
       {"seed", "N", "seed of the counter-based RNG (default 0)"},
       {"trace", "FILE", "write one JSON line per step and per canvas"},
       {"view", "", "redraw the canvas in place as it denoises (default: on when stderr is a terminal)"},
+      {"view-delay", "MS", "pause after each redraw of the view, to watch a fast model denoise (default 0)"},
       {"json", "", "print one JSON object instead of text"},
       {"threads", "N", "CPU threads (default: all)"},
       {"check-weights", "", "scan every weight for NaN/Inf at load"},
@@ -220,6 +262,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   std::unique_ptr<dg::io::TraceWriter> trace;
   if (f.has("trace")) trace = std::make_unique<dg::io::TraceWriter>(f.str("trace"));
   CanvasView view(tok.get(), terminal_width());
+  const int view_delay_ms = static_cast<int>(f.integer("view-delay", 0, 0, 10000));
 
   g_interrupted = false;
   auto previous = std::signal(SIGINT, on_sigint);
@@ -228,7 +271,10 @@ int cmd_generate(const std::vector<std::string>& args) {
   dg::Callbacks cb;
   cb.on_step = [&](const dg::StepEvent& e) {
     if (trace) trace->write(e.record);
-    if (view_on) view.draw(e, plan.num_canvases, o.sampler.max_denoising_steps);
+    if (view_on) {
+      view.draw(e, plan.num_canvases, o.sampler.max_denoising_steps);
+      if (view_delay_ms > 0) ::usleep(static_cast<useconds_t>(view_delay_ms) * 1000);
+    }
     return !g_interrupted.load();
   };
   cb.on_commit = [&](const dg::CommitEvent& e) {
@@ -239,7 +285,7 @@ int cmd_generate(const std::vector<std::string>& args) {
       // Decode everything committed so far and print what is new (byte pieces may join across canvases).
       std::string text;
       if (tok) {
-        text = tok->decode(committed.data(), committed.size());
+        text = decode_known(*tok, committed);
       } else {
         for (auto t : committed) text += std::to_string(t) + " ";
       }
@@ -259,7 +305,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (trace) trace->write_summary(r);
 
   const std::vector<std::int32_t> out = r.text_tokens();
-  const std::string text = tok ? tok->decode(out.data(), out.size()) : std::string();
+  const std::string text = tok ? decode_known(*tok, out) : std::string();
   const double gen_seconds = r.seconds - r.prefill_seconds;
   std::vector<int> steps;
   std::vector<std::string> stops;

@@ -2,6 +2,7 @@
 # `dgemma replay` must print exactly the tokens, steps and stop reasons transformers produced, and
 # `dgemma generate` must reject bad flags by name with exit code 2.
 #   cmake -DDGEMMA=<dgemma> -DFIXTURES=<tests/fixtures> -P replay_cli.cmake
+cmake_policy(VERSION 3.21)
 function(check_run ckpt run)
   file(READ "${FIXTURES}/${ckpt}/replay/${run}.json" expected)
   string(JSON s GET "${expected}" settings)
@@ -57,3 +58,39 @@ if(NOT rc EQUAL 1 OR NOT err MATCHES "beyond max_position_embeddings 256")
   message(FATAL_ERROR "too long: exit ${rc}, '${err}'")
 endif()
 message(STATUS "dgemma replay and flag checks passed")
+
+# End to end with a tokenizer: a fixture checkpoint plus a test tokenizer of the same vocabulary.
+set(model ${CMAKE_CURRENT_BINARY_DIR}/dg_wide_with_tokenizer)
+file(REMOVE_RECURSE ${model})
+file(COPY ${FIXTURES}/dg_wide/config.json ${FIXTURES}/dg_wide/generation_config.json ${FIXTURES}/dg_wide/model.safetensors
+     DESTINATION ${model})
+file(COPY_FILE ${FIXTURES}/tokenizers/gemma_bpe_300_unk.json ${model}/tokenizer.json)
+execute_process(COMMAND ${DGEMMA} generate --model ${model} --chat --prompt "Hello there" --max-new-tokens 24
+                        --max-denoising-steps 4 --seed 1 --json --trace ${CMAKE_CURRENT_BINARY_DIR}/trace.jsonl
+                OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "dgemma generate with a tokenizer failed (${rc})")
+endif()
+string(JSON text GET "${out}" text)
+string(JSON ntok LENGTH "${out}" tokens)
+string(JSON steps GET "${out}" steps 0)
+if(ntok LESS 1 OR NOT steps EQUAL 4)
+  message(FATAL_ERROR "unexpected generate output: ${out}")
+endif()
+file(STRINGS ${CMAKE_CURRENT_BINARY_DIR}/trace.jsonl trace)
+list(LENGTH trace lines)
+if(lines LESS 5)
+  message(FATAL_ERROR "trace has ${lines} lines")
+endif()
+execute_process(COMMAND ${DGEMMA} tokenize --model ${model} --text "Hello there" OUTPUT_VARIABLE ids RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT ids MATCHES "^\\[2,")
+  message(FATAL_ERROR "dgemma tokenize: '${ids}'")
+endif()
+string(ASCII 255 254 invalid_utf8)
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/bad.txt "ok ${invalid_utf8} bad")
+execute_process(COMMAND ${DGEMMA} generate --model ${model} --prompt-file ${CMAKE_CURRENT_BINARY_DIR}/bad.txt
+                ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 1 OR NOT err MATCHES "not valid UTF-8")
+  message(FATAL_ERROR "non-UTF-8 prompt file: exit ${rc}, '${err}'")
+endif()
+message(STATUS "dgemma generate/tokenize end to end passed: '${text}'")

@@ -16,6 +16,8 @@
 #include <limits>
 #include <vector>
 
+#include <Eigen/Core>
+
 #include <diffusion_gemma/core/math.hpp>
 #include <diffusion_gemma/core/rng.hpp>
 #include <diffusion_gemma/cpu/gemm.hpp>
@@ -74,38 +76,44 @@ class VocabPass {
 
   // Processes one row of a tile in place: `L` holds raw logits on entry and p = e^(l - m) on exit,
   // where m is the row's running max after this tile (the SC accumulator is rescaled to match).
+  // Vectorised with Eigen arrays: softcap, temperature and exp dominate once the GEMMs are fast.
   void row_update(float* L, std::int64_t n, std::int64_t v0, std::int64_t r, float cap, float T,
                   const VocabPassArgs& args, VocabPassResult& out) {
+    using Array = Eigen::Map<Eigen::ArrayXf>;
     Row& row = rows_[r];
-    float tile_max = -std::numeric_limits<float>::infinity();
-    std::int64_t tile_arg = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float l = math::softcap(L[i], cap) / T;  // fp32 divide, as the reference
-      L[i] = l;
-      if (l > tile_max) {
-        tile_max = l;
-        tile_arg = i;
-      }
-    }
-    if (tile_max > row.best) {  // strict: the first index wins ties, like torch.argmax
+    Array l(L, n);
+    if (cap > 0.0f) l = (l / cap).tanh() * cap;  // cap * tanh(x / cap), in the reference's order
+    l = l / T;                                     // an fp32 divide, as the reference
+    Eigen::Index tile_arg = 0;
+    const float tile_max = l.maxCoeff(&tile_arg);  // first index of the maximum
+    if (tile_max > row.best) {                     // strict: the first index wins ties, like torch.argmax
       row.best = tile_max;
       row.argmax = static_cast<std::int32_t>(v0 + tile_arg);
     }
     const float old_max = row.stats.max;
-    row.stats.merge(math::softmax_stats_block(L, static_cast<int>(n), tile_max));
-    const float m = row.stats.max;
+    const float m = tile_max > old_max ? tile_max : old_max;
     if (args.soft_embedding && old_max != m && old_max != -std::numeric_limits<float>::infinity()) {
       const float alpha = std::exp(old_max - m);
       float* s = out.soft_embedding.data() + r * H_;
       for (std::int64_t i = 0; i < H_; ++i) s[i] *= alpha;
     }
-    if (!args.sample && !args.soft_embedding) return;
-    for (std::int64_t i = 0; i < n; ++i) L[i] = std::exp(L[i] - m);
+    // Block statistics relative to m (>= the tile's max: any reference works, and this one is the
+    // exponent base the soft embedding accumulates with).
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < static_cast<std::size_t>(n)) scratch.resize(static_cast<std::size_t>(n));
+    Array e(scratch.data(), n);
+    l -= m;
+    e = l.exp();
+    math::SoftmaxStats block;
+    block.max = m;
+    block.sum = e.sum();
+    block.weighted = (e * l).sum();
+    row.stats.merge(block);
+    l = e;
     if (args.sample) {
       for (std::int64_t c0 = 0; c0 < n; c0 += kSampleChunk) {
         const std::int64_t cn = std::min(kSampleChunk, n - c0);
-        float mass = 0.0f;
-        for (std::int64_t i = 0; i < cn; ++i) mass += L[c0 + i];
+        const float mass = Array(L + c0, cn).sum();
         if (!(mass > 0.0f)) continue;
         const std::uint32_t chunk = static_cast<std::uint32_t>((v0 + c0) / kSampleChunk);
         const Philox4x32 d = draw(args.key, DrawPurpose::kSample, static_cast<std::uint32_t>(r), chunk);
