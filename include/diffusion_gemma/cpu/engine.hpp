@@ -106,6 +106,24 @@ class Engine {
     }
   }
 
+  // The model work of one denoising step, as the Decoder drives it: the denoiser pass over the
+  // canvas (fed the soft embedding of this canvas's previous step, unless `first_step`), then the
+  // streaming vocabulary pass. Per-position argmax / candidate / entropy land in `stats`; hidden
+  // states and the soft embedding stay inside the engine (on the GPU they never leave the device).
+  void denoise_step(const std::int32_t* canvas, std::int64_t n, bool first_step, const KvCache& cache,
+                    const VocabPassArgs& args, VocabPassResult& stats) {
+    const std::size_t nh = static_cast<std::size_t>(n * cfg_.hidden_size);
+    if (step_hidden_.size() < nh) step_hidden_.resize(nh);
+    const bool use_soft = !first_step && soft_state_.size() >= nh;
+    denoise(canvas, n, use_soft ? soft_state_.data() : nullptr, cache, step_hidden_.data());
+    vocab_pass(step_hidden_.data(), n, args, stats);
+    if (args.soft_embedding) {
+      soft_state_.swap(stats.soft_embedding);
+    } else {
+      soft_state_.clear();
+    }
+  }
+
   // The streaming vocabulary pass over final-normed hidden states [n, H] (see cpu/vocab_pass.hpp).
   void vocab_pass(const float* hidden, std::int64_t n, const VocabPassArgs& args, VocabPassResult& out) {
     vocab_pass_.run(model_->embed_tokens().data(), cfg_.vocab_size, cfg_.hidden_size, cfg_.final_logit_softcapping,
@@ -485,6 +503,7 @@ class Engine {
   Workspace ws_;
   std::vector<float> inv_freq_scratch_;
   VocabPass vocab_pass_;
+  std::vector<float> step_hidden_, soft_state_;  // denoise_step's hidden states and SC state
 };
 
 }  // namespace diffusion_gemma::cpu

@@ -4,9 +4,9 @@
 //   cache <- encode(prompt)                                  all prompt tokens, positions 0..P-1
 //   for each canvas:                                         (Scheduler)
 //     x <- State::init; soft <- none; Stopping::reset
-//     for n = N .. 1:
-//       hidden <- denoise(x, soft, cache)                    (Engine; reads the cache only)
-//       stats  <- vocab pass(hidden, T = Schedule(n))        argmax, candidate, entropy, soft
+//     for n = N .. 1:                                        Engine::denoise_step:
+//       hidden <- denoise(x, soft, cache)                      reads the cache only
+//       stats  <- vocab pass(hidden, T = Schedule(n))          argmax, candidate, entropy; soft kept
 //       accept <- Acceptance(stats)                          recomputed every step, nothing locked
 //       x      <- accept ? candidate : State::renoise
 //       soft   <- stats.soft (Conditioning)
@@ -92,7 +92,7 @@ class Decoder {
     const ModelConfig& cfg = engine_.config();
     const auto plan = this->plan(static_cast<std::int64_t>(prompt.size()), o);
     const typename Sampler::Rng rng(o.sampler.rng);
-    const std::int64_t V = cfg.vocab_size, H = cfg.hidden_size;
+    const std::int64_t V = cfg.vocab_size;
     const int N = o.sampler.max_denoising_steps;
 
     GenerationResult result;
@@ -102,7 +102,6 @@ class Decoder {
 
     std::vector<std::int32_t> canvas, candidate, draft;
     std::vector<std::uint8_t> accepted;
-    std::vector<float> hidden, soft;
     VocabPassResult stats;
     typename Sampler::Acceptance::State acceptance_state;
     typename Sampler::Stopping::State stopping_state;
@@ -115,10 +114,8 @@ class Decoder {
       canvas.resize(static_cast<std::size_t>(C));
       candidate.resize(static_cast<std::size_t>(C));
       accepted.resize(static_cast<std::size_t>(C));
-      hidden.resize(static_cast<std::size_t>(C * H));
       Sampler::State::init(rng, b, V, canvas.data(), C);
       Sampler::Stopping::reset(o.sampler.stopping, stopping_state);
-      bool have_soft = false;
       CanvasRecord rec;
       rec.canvas = b;
       rec.position = position;
@@ -129,14 +126,13 @@ class Decoder {
         const auto ts = clock::now();
         const int n = N - s;
         const float T = Sampler::Schedule::temperature(o.sampler.schedule, n, N);
-        engine_.denoise(canvas.data(), C, have_soft ? soft.data() : nullptr, cache, hidden.data());
-        ++result.forwards;
         VocabPassArgs va;
         va.temperature = T;
-        va.soft_embedding = Sampler::Conditioning::kEnabled;
+        va.soft_embedding = Sampler::Conditioning::kEnabled;  // SC is reset at every canvas: s == 0
         va.sample = !Sampler::Rng::kReplaysSamples;
         va.key = rng.key(b, s);
-        engine_.vocab_pass(hidden.data(), C, va, stats);
+        engine_.denoise_step(canvas.data(), C, /*first_step=*/s == 0, cache, va, stats);
+        ++result.forwards;
         for (int i = 0; i < C; ++i) {
           if constexpr (Sampler::Rng::kReplaysSamples) {
             candidate[i] = rng.sample(b, s, i, V);
@@ -165,10 +161,6 @@ class Decoder {
         if constexpr (std::is_same_v<typename Sampler::Stopping, StableAndConfident>) {
           sr.stable = stopping_state.stable;
           sr.confident = stopping_state.confident;
-        }
-        if constexpr (Sampler::Conditioning::kEnabled) {
-          soft.swap(stats.soft_embedding);
-          have_soft = true;
         }
         sr.seconds = since(ts);
         result.steps.push_back(sr);
