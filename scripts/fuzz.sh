@@ -3,6 +3,7 @@
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded time on a
 # copy of its committed seed corpus.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [BUILD_DIR]
+#   DG_FUZZ_RUNS=1000000 scripts/fuzz.sh 0    # the long run of docs/reliability.md: a fixed number of executions
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 seconds="${1:-20}"
@@ -15,8 +16,12 @@ for target in "$build"/tests/fuzz/*_fuzz; do
   work="$build/corpus/$name"
   mkdir -p "$work"
   cp -n "$root/tests/fuzz/corpus/$name/"* "$work/" 2>/dev/null || true
-  echo "fuzzing $name for ${seconds}s"
-  "$target" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$build/crash-$name-" "$work" 2>&1 |
+  echo "fuzzing $name (${DG_FUZZ_RUNS:-${seconds}s})"
+  limit=(-max_total_time="$seconds")
+  if [ -n "${DG_FUZZ_RUNS:-}" ]; then
+    limit=(-runs="$DG_FUZZ_RUNS")
+  fi
+  "$target" "${limit[@]}" -print_final_stats=1 -artifact_prefix="$build/crash-$name-" "$work" 2>&1 |
     grep -E "^(stat::number_of_executed_units|Done|==|SUMMARY|INFO: Seed)" || true
   # libFuzzer exits non-zero on any crash or sanitizer report; pipefail carries it here.
 done

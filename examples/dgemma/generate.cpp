@@ -195,6 +195,7 @@ int cmd_generate(const std::vector<std::string>& args) {
       {"view-delay", "MS", "pause after each redraw of the view, to watch a fast model denoise (default 0)"},
       {"json", "", "print one JSON object instead of text"},
       {"threads", "N", "CPU threads (default: all)"},
+      {"memory-budget", "MIB", "refuse a request whose KV cache and workspace exceed this many MiB"},
       {"check-weights", "", "scan every weight for NaN/Inf at load"},
   };
   specs.insert(specs.begin(), own.begin(), own.end());
@@ -252,6 +253,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   auto o = TextDecoder::default_options(model->generation_config());
   apply_sampler_flags(f, cfg.vocab_size, o);
   o.sampler.rng.seed = static_cast<std::uint64_t>(f.integer("seed", 0, 0, INT64_MAX));
+  o.memory_budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
   dg::cpu::EngineOptions eo;
   eo.threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
   TextDecoder decoder(model, eo);

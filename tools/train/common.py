@@ -172,3 +172,56 @@ def train_forward(model, prefix: torch.Tensor, canvas: torch.Tensor, sc_logits=N
     out = model(decoder_input_ids=canvas, cache=cache, self_conditioning_logits=sc_logits,
                 self_conditioning_mask=sc_mask)
     return out.logits, cache
+
+
+class PaddedPrefix:
+    """A left-padded batch of prefixes of different lengths plus the explicit masks that make every row see
+    exactly what an unpadded batch-1 inference sees (verified by check_masks.py):
+
+    * encoder: per-row positions 0..P_b-1 (pads get 0), causal mask over real keys only, sliding layers
+      additionally q - k < sliding_window (index distance = position distance, the real tokens are
+      contiguous); a pad query attends only to itself (keeps SDPA free of all-masked rows; pad outputs are
+      never read by real tokens);
+    * decoder: canvas positions P_b..P_b+C-1; full layers see every real prefix key, sliding layers see the
+      real keys among the last sliding_window - 1 cached slots (= the last min(P_b, W-1) real tokens, what
+      the DynamicCache of an unpadded run holds), plus the whole canvas.
+    """
+
+    def __init__(self, prefixes: list[list[int]], sliding_window: int, canvas_length: int):
+        B = len(prefixes)
+        L = max(len(p) for p in prefixes)
+        lens = torch.tensor([len(p) for p in prefixes])
+        self.ids = torch.full((B, L), PAD_ID, dtype=torch.long)
+        for b, p in enumerate(prefixes):
+            self.ids[b, L - len(p):] = torch.tensor(p)
+        idx = torch.arange(L)
+        start = (L - lens)[:, None]
+        valid = idx[None, :] >= start                                   # (B, L)
+        self.position_ids = (idx[None, :] - start).clamp(min=0)
+        q, k = idx[:, None], idx[None, :]
+        causal = (k <= q)[None] & valid[:, None, :]                     # (B, Lq, Lk)
+        diag = (k == q)[None].expand(B, L, L)
+        full = causal | diag
+        sliding = (causal & (q - k < sliding_window)[None]) | diag
+        self.encoder_masks = {"full_attention": full[:, None], "sliding_attention": sliding[:, None]}
+        C = canvas_length
+        ls = min(L, sliding_window - 1)
+        canvas_keys = torch.ones(B, C, C, dtype=torch.bool)
+        dec_full = torch.cat([valid[:, None, :].expand(B, C, L), canvas_keys], dim=-1)
+        dec_slide = torch.cat([valid[:, None, L - ls:].expand(B, C, ls), canvas_keys], dim=-1)
+        self.decoder_masks = {"full_attention": dec_full[:, None], "sliding_attention": dec_slide[:, None]}
+        self.decoder_position_ids = lens[:, None] + torch.arange(C)[None, :]
+
+
+def train_forward_padded(model, pp: PaddedPrefix, canvas: torch.Tensor, sc_logits=None, sc_mask=None, cache=None):
+    """Like train_forward, for a left-padded batch of prefixes of different lengths (see PaddedPrefix)."""
+    from transformers import DynamicCache
+
+    if cache is None:
+        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+        model.model.encoder(input_ids=pp.ids, attention_mask=pp.encoder_masks, position_ids=pp.position_ids,
+                            cache=cache)
+    out = model(decoder_input_ids=canvas, cache=cache, self_conditioning_logits=sc_logits,
+                self_conditioning_mask=sc_mask, decoder_attention_mask=pp.decoder_masks,
+                decoder_position_ids=pp.decoder_position_ids)
+    return out.logits, cache

@@ -63,6 +63,8 @@ def parse_args():
     ap.add_argument("--t-power", type=float, default=1.0,
                     help="noise level t = 1 - (1 - u)^k, u ~ U(eps, 1); k = 1 is uniform, k > 1 favours high noise")
     ap.add_argument("--data-dir", default=common.DATA_DIR)
+    ap.add_argument("--noise-samples", type=int, default=1, help="noisy canvases per encoded prefix")
+    ap.add_argument("--pool", type=int, default=8, help="batches drawn at once and grouped by prefix length")
     ap.add_argument("--text-config", default="{}", help="JSON overrides of common.TEXT_CONFIG")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -106,20 +108,16 @@ def main():
                    "add_eos_token": False, "padding_side": "left", "model_max_length": 512}, f, indent=2)
         f.write("\n")
 
-    # 3. training instances, bucketed by prefix length
+    # 3. training instances (prefix, target canvas)
     C = common.CANVAS_LENGTH
-    buckets: dict[int, list] = {}
-    n_inst = 0
+    instances = []
     for e in train_ex:
         prompt, answer = common.encode_example(tok, e)
-        for prefix, target in common.canvas_instances(prompt, answer, C):
-            buckets.setdefault(len(prefix), []).append((prefix, target))
-            n_inst += 1
-    lengths = sorted(buckets)
-    weights = [len(buckets[n]) for n in lengths]
+        instances += common.canvas_instances(prompt, answer, C)
+    plen = sorted({len(p) for p, _ in instances})
     t_prep = time.time() - t_start
-    print(f"[prep] tokenizer + {n_inst} canvas instances in {len(lengths)} length buckets "
-          f"({lengths[0]}..{lengths[-1]}) ({t_prep:.1f}s)", flush=True)
+    print(f"[prep] tokenizer + {len(instances)} canvas instances, prefix lengths {plen[0]}..{plen[-1]} "
+          f"({t_prep:.1f}s)", flush=True)
 
     # 4. model
     from transformers import DiffusionGemmaForBlockDiffusion
@@ -146,30 +144,41 @@ def main():
 
     rng = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
+    W = cfg.text_config.sliding_window
     log = {"args": vars(args), "params": params, "curve": []}
     run_loss, run_acc, run_n = 0.0, 0.0, 0
+    queue: list = []
     t_train0 = time.time()
     for step in range(args.steps):
-        n = rng.choices(lengths, weights)[0]
-        pool = buckets[n]
-        batch = [pool[rng.randrange(len(pool))] for _ in range(args.batch)]
-        prefix = torch.tensor([b[0] for b in batch])
+        if not queue:  # draw pool * batch random instances, sort by prefix length, cut into batches
+            draw = [instances[rng.randrange(len(instances))] for _ in range(args.pool * args.batch)]
+            draw.sort(key=lambda it: len(it[0]))
+            queue = [draw[i:i + args.batch] for i in range(0, len(draw), args.batch)]
+            rng.shuffle(queue)
+        batch = queue.pop()
+        pp = common.PaddedPrefix([b[0] for b in batch], W, C)
         target = torch.tensor([b[1] for b in batch])
-        noisy, _ = common.corrupt(target, V, gen, t_power=args.t_power)
+        B = len(batch)
 
         from transformers import DynamicCache
         cache = DynamicCache(config=cfg.get_text_config(decoder=True))
-        model.model.encoder(input_ids=prefix, cache=cache)
-        sc_mask = torch.rand(args.batch, generator=gen) < args.sc_prob
-        sc_logits = None
-        if sc_mask.any():
-            with torch.no_grad():
-                first, _ = common.train_forward(model, prefix, noisy, cache=cache)
-                temp = 0.4 + 0.4 * torch.rand(args.batch, 1, 1, generator=gen)
-                sc_logits = first / temp
-        logits, _ = common.train_forward(model, prefix, noisy, sc_logits=sc_logits,
-                                         sc_mask=sc_mask if sc_logits is not None else None, cache=cache)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), target.reshape(-1))
+        model.model.encoder(input_ids=pp.ids, attention_mask=pp.encoder_masks, position_ids=pp.position_ids,
+                            cache=cache)
+        losses, accs = [], []
+        for _ in range(args.noise_samples):  # several noisy canvases share one encoded prefix
+            noisy, _ = common.corrupt(target, V, gen, t_power=args.t_power)
+            sc_mask = torch.rand(B, generator=gen) < args.sc_prob
+            sc_logits = None
+            if sc_mask.any():
+                with torch.no_grad():
+                    first, _ = common.train_forward_padded(model, pp, noisy, cache=cache)
+                    temp = 0.4 + 0.4 * torch.rand(B, 1, 1, generator=gen)
+                    sc_logits = first / temp
+            logits, _ = common.train_forward_padded(model, pp, noisy, sc_logits=sc_logits,
+                                                    sc_mask=sc_mask if sc_logits is not None else None, cache=cache)
+            losses.append(torch.nn.functional.cross_entropy(logits.reshape(-1, V), target.reshape(-1)))
+            accs.append((logits.argmax(-1) == target).float().mean().item())
+        loss = torch.stack(losses).mean()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args)
         opt.zero_grad(set_to_none=True)
@@ -178,7 +187,7 @@ def main():
         opt.step()
 
         run_loss += loss.item()
-        run_acc += (logits.argmax(-1) == target).float().mean().item()
+        run_acc += sum(accs) / len(accs)
         run_n += 1
         if (step + 1) % args.log_every == 0 or step == args.steps - 1:
             el = time.time() - t_train0

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include <Eigen/Core>
@@ -50,7 +51,8 @@ class Engine {
     }
     if (opts_.threads > 0) set_threads(opts_.threads);
     // Our own panel split decides the parallelism; Eigen's would tie results to the thread count.
-    Eigen::setNbThreads(1);
+    static std::once_flag eigen_single_threaded;
+    std::call_once(eigen_single_threaded, [] { Eigen::setNbThreads(1); });
     pass_tokens_ = std::max<std::int64_t>(opts_.max_pass_tokens, cfg_.is_diffusion() ? cfg_.canvas_length : 1);
     reserve(pass_tokens_);
   }
@@ -59,6 +61,26 @@ class Engine {
   const Model& model() const { return *model_; }
 
   KvCache make_cache(std::int64_t capacity) const { return KvCache(cfg_, capacity); }
+
+  // Bytes a request needs beyond the weights: a KV cache of `capacity` positions, plus the
+  // workspace of passes of up to `pass_tokens` tokens (an upper bound, computed before allocating).
+  std::size_t request_bytes(std::int64_t capacity, std::int64_t pass_tokens) const {
+    const std::size_t T = static_cast<std::size_t>(std::max(pass_tokens, pass_tokens_));
+    const std::size_t H = cfg_.hidden_size, I = cfg_.intermediate_size, threads = static_cast<std::size_t>(max_threads());
+    std::size_t qd = 0, kd = 0;
+    for (const auto& s : cfg_.layers) {
+      qd = std::max<std::size_t>(qd, static_cast<std::size_t>(cfg_.num_heads) * s.head_dim);
+      kd = std::max<std::size_t>(kd, static_cast<std::size_t>(s.num_kv_heads) * s.head_dim);
+    }
+    std::size_t floats = T * (6 * H + 2 * qd + 2 * kd + 2 * I + 2 * std::max(H, I));
+    floats += threads * T * (static_cast<std::size_t>(capacity) + T);  // attention scores, one head per thread
+    if (cfg_.enable_moe_block) {
+      const std::size_t E = cfg_.num_experts, K = cfg_.top_k_experts, Im = cfg_.moe_intermediate_size;
+      floats += T * (E + K * H + K) + threads * T * (2 * H + 2 * Im);
+    }
+    floats += T * (VocabPass::kTile + 3 * H);  // vocabulary tile, soft embedding, SC state, hidden
+    return KvCache::bytes_for(cfg_, capacity) + floats * sizeof(float);
+  }
 
   // Causal pass over `n` new tokens at positions cache.length()..; appends their K/V. Writes the
   // final-normed hidden states [n, H] when `hidden_out` is given.

@@ -64,6 +64,7 @@ class Decoder {
   struct Options {
     typename Sampler::Arguments sampler{};
     typename Scheduler::Arguments scheduler{};
+    std::size_t memory_budget_bytes = 0;  // KV cache + workspace a request may use; 0: no limit
   };
 
   template <class... EngineArgs>
@@ -79,10 +80,21 @@ class Decoder {
     return o;
   }
 
-  // Checks options and sizes before any allocation or model work.
+  // Checks options, positions and memory before any allocation or model work.
   typename Scheduler::Plan plan(std::int64_t prompt_length, const Options& o) const {
     throw_if_error(Sampler::can_implement(o.sampler));
-    return Scheduler::plan(o.scheduler, engine_.config(), prompt_length);
+    const auto p = Scheduler::plan(o.scheduler, engine_.config(), prompt_length);
+    if (o.memory_budget_bytes > 0) {
+      int longest = 0;
+      for (int b = 0; b < p.num_canvases; ++b) longest = std::max(longest, Scheduler::Blocks::canvas_length(engine_.config(), b));
+      const std::size_t need = engine_.request_bytes(p.cache_capacity, std::max<std::int64_t>(longest, prompt_length));
+      if (need > o.memory_budget_bytes) {
+        throw_error(StatusCode::kOutOfRange, "the request needs ", static_cast<double>(need) / (1 << 20),
+                    " MiB (KV cache for ", p.cache_capacity, " positions and workspace) but the memory budget is ",
+                    static_cast<double>(o.memory_budget_bytes) / (1 << 20), " MiB");
+      }
+    }
+    return p;
   }
 
   GenerationResult generate(const std::vector<std::int32_t>& prompt, const Options& o, const Callbacks& cb = {}) {
