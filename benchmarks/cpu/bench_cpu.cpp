@@ -9,6 +9,7 @@
 //   peak_rss: the process's peak resident memory, and the weights + KV cache it needed
 //
 //   bench_cpu --model DIR [--threads N] [--repeats R] [--prompt 512] [--steps 16] [--canvases 2] [--ar-tokens 32]
+//             [--vocab-precision fp32|bf16] [--only step,commit,prefill,generate,ar]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
   const int canvases = std::atoi(arg(argc, argv, "--canvases", "2").c_str());
   const int ar_tokens = std::atoi(arg(argc, argv, "--ar-tokens", "32").c_str());
   const std::string only = arg(argc, argv, "--only", "");
+  const bool bf16 = arg(argc, argv, "--vocab-precision", "fp32") == "bf16";
   const auto want = [&](const char* what) { return only.empty() || only.find(what) != std::string::npos; };
 
   double t = now();
@@ -80,6 +82,7 @@ int main(int argc, char** argv) {
   const std::int64_t H = cfg.hidden_size, V = cfg.vocab_size;
   dg::cpu::EngineOptions eo;
   eo.threads = threads;
+  if (bf16) eo.vocab_precision = dg::cpu::VocabPrecision::kBFloat16;
   Engine engine(model, eo);
 
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(P)), canvas(static_cast<std::size_t>(C));
@@ -88,6 +91,7 @@ int main(int argc, char** argv) {
   nlohmann::ordered_json out;
   out["model"] = dir;
   out["threads"] = dg::cpu::max_threads();
+  out["vocab_precision"] = engine.vocab_pass_bf16() ? "bf16-amx" : "fp32";
   out["load_seconds"] = load_seconds;
 
   auto cache = engine.make_cache(P + C);

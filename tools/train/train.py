@@ -63,6 +63,7 @@ def parse_args():
     ap.add_argument("--t-power", type=float, default=1.0,
                     help="noise level t = 1 - (1 - u)^k, u ~ U(eps, 1); k = 1 is uniform, k > 1 favours high noise")
     ap.add_argument("--data-dir", default=common.DATA_DIR)
+    ap.add_argument("--qk-norm-init", default="scaled", choices=["ones", "scaled"])
     ap.add_argument("--noise-samples", type=int, default=1, help="noisy canvases per encoded prefix")
     ap.add_argument("--pool", type=int, default=8, help="batches drawn at once and grouped by prefix length")
     ap.add_argument("--text-config", default="{}", help="JSON overrides of common.TEXT_CONFIG")
@@ -120,13 +121,22 @@ def main():
           f"({t_prep:.1f}s)", flush=True)
 
     # 4. model
-    from transformers import DiffusionGemmaForBlockDiffusion
+    from transformers import DiffusionGemmaForBlockDiffusion, DynamicCache
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
 
     cfg = common.make_config(json.loads(args.text_config))
     torch.manual_seed(args.seed)
     model = DiffusionGemmaForBlockDiffusion(cfg)
     model.set_experts_implementation("eager")  # fastest on CPU for these sizes (grouped_mm loops tiny GEMMs)
+    if args.qk_norm_init == "scaled":
+        # Gemma 4 attention has scale 1.0 and RMS-normalised q, k: with norm weights 1 the logits start with
+        # std sqrt(head_dim) (saturated softmax). Start the q/k norm weights at head_dim^-1/4 instead, so
+        # the initial logits have std ~1 (the weights stay trainable; encoder and decoder share them).
+        with torch.no_grad():
+            for layer in model.model.decoder.layers:
+                a = layer.self_attn
+                a.q_norm.weight.fill_(a.head_dim ** -0.25)
+                a.k_norm.weight.fill_(a.head_dim ** -0.25)
     model.train()
     params = common.count_params(model)
     print(f"[model] params {params}", flush=True)
@@ -160,7 +170,6 @@ def main():
         target = torch.tensor([b[1] for b in batch])
         B = len(batch)
 
-        from transformers import DynamicCache
         cache = DynamicCache(config=cfg.get_text_config(decoder=True))
         model.model.encoder(input_ids=pp.ids, attention_mask=pp.encoder_masks, position_ids=pp.position_ids,
                             cache=cache)

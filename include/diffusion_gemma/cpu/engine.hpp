@@ -29,9 +29,16 @@
 
 namespace diffusion_gemma::cpu {
 
+enum class VocabPrecision {
+  kFloat32,   // fp32 GEMMs: the reference-exact path (replay parity)
+  kBFloat16,  // bf16 inputs, fp32 accumulation on AMX tiles where available (fp32 elsewhere)
+  kSentinel
+};
+
 struct EngineOptions {
   int threads = 0;                    // 0: leave the OpenMP default
   std::int64_t max_pass_tokens = 256;  // longer encoder inputs run in chunks of this size (exact: causal)
+  VocabPrecision vocab_precision = VocabPrecision::kFloat32;
 };
 
 template <class Backbone_>
@@ -54,11 +61,16 @@ class Engine {
     static std::once_flag eigen_single_threaded;
     std::call_once(eigen_single_threaded, [] { Eigen::setNbThreads(1); });
     pass_tokens_ = std::max<std::int64_t>(opts_.max_pass_tokens, cfg_.is_diffusion() ? cfg_.canvas_length : 1);
+    if (opts_.vocab_precision == VocabPrecision::kBFloat16 && amx::available()) {
+      vocab_pass_.use_bf16(&model_->packed_embedding());
+    }
     reserve(pass_tokens_);
   }
 
   const ModelConfig& config() const { return cfg_; }
   const Model& model() const { return *model_; }
+  // Whether the vocabulary pass runs in bf16 on AMX (asked for, and available on this CPU).
+  bool vocab_pass_bf16() const { return vocab_pass_.bf16(); }
 
   KvCache make_cache(std::int64_t capacity) const { return KvCache(cfg_, capacity); }
 

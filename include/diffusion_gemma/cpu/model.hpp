@@ -9,13 +9,16 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
+
 
 #include <diffusion_gemma/core/bfloat16.hpp>
 #include <diffusion_gemma/core/float16.hpp>
 #include <diffusion_gemma/core/status.hpp>
 #include <diffusion_gemma/core/tensor_view.hpp>
+#include <diffusion_gemma/cpu/amx.hpp>
 #include <diffusion_gemma/io/config.hpp>
 #include <diffusion_gemma/io/safetensors.hpp>
 #include <diffusion_gemma/io/weights.hpp>
@@ -107,6 +110,15 @@ class Model {
   // sqrt(hidden) rounded to the embedding weights' dtype, as transformers multiplies it (53.0 for
   // the real BF16 checkpoint, 53.066 for an F32 one).
   float embed_scale() const { return embed_scale_; }
+  // The embedding table packed for the AMX vocabulary pass, built on first use (thread-safe). It
+  // costs 2 x V x H x 2 bytes on top of the fp32 table, which embedding lookups and the fp32 paths
+  // keep using. (Releasing the fp32 pages does not help: lookups fault whole large folios back in.)
+  const amx::PackedEmbedding& packed_embedding() const {
+    std::call_once(packed_once_, [&] {
+      packed_ = amx::PackedEmbedding::pack(embed_.data(), config_.vocab_size, config_.hidden_size);
+    });
+    return packed_;
+  }
   DType weight_dtype() const { return weight_dtype_; }
   std::size_t owned_bytes() const { return owned_bytes_; }
   // Bytes of all parameters as fp32 (whether widened copies or mapped from an F32 checkpoint).
@@ -197,6 +209,8 @@ class Model {
   DType weight_dtype_ = DType::kF32;
   std::size_t owned_bytes_ = 0;
   std::size_t parameter_bytes_ = 0;
+  mutable std::once_flag packed_once_;
+  mutable amx::PackedEmbedding packed_;
 };
 
 }  // namespace diffusion_gemma::cpu

@@ -20,6 +20,7 @@
 
 #include <diffusion_gemma/core/math.hpp>
 #include <diffusion_gemma/core/rng.hpp>
+#include <diffusion_gemma/cpu/amx.hpp>
 #include <diffusion_gemma/cpu/gemm.hpp>
 #include <diffusion_gemma/cpu/parallel.hpp>
 #include <diffusion_gemma/sampler/vocab_stats.hpp>
@@ -32,24 +33,61 @@ namespace cpu {
 // final-normed hidden states; `cap` is the final logit softcap (0: none).
 class VocabPass {
  public:
-  static constexpr std::int64_t kTile = 1024;  // a multiple of kSampleChunk
+  static constexpr std::int64_t kTile = 1024;  // a multiple of kSampleChunk and of the AMX blocks
+
+  // Runs the two GEMMs in bf16 on AMX tiles from this packed table instead of fp32 (nullptr: fp32).
+  void use_bf16(const amx::PackedEmbedding* packed) { packed_ = packed; }
+  bool bf16() const { return packed_ != nullptr; }
 
   void run(const float* E, std::int64_t V, std::int64_t H, float cap, float embed_scale, const float* hidden,
            std::int64_t C, const VocabPassArgs& args, VocabPassResult& out) {
     out.resize(C, H, args.soft_embedding);
-    H_ = H;
-    logits_.resize(static_cast<std::size_t>(C * kTile));
+    const bool bf16 = packed_ != nullptr;
+    const std::int64_t Mp = bf16 ? amx::round_up(C, 16) : C;
+    logits_.resize(static_cast<std::size_t>(Mp * kTile));
     rows_.assign(static_cast<std::size_t>(C), Row{});
-    if (args.soft_embedding) std::fill(out.soft_embedding.begin(), out.soft_embedding.begin() + C * H, 0.0f);
+    // The soft-embedding accumulator: the output itself in fp32, a padded [Mp, Hp] block for AMX.
+    if (bf16) {
+      acc_.assign(static_cast<std::size_t>(Mp * packed_->Hp), 0.0f);
+      acc_ld_ = packed_->Hp;
+      acc_data_ = acc_.data();
+    } else {
+      if (args.soft_embedding) std::fill(out.soft_embedding.begin(), out.soft_embedding.begin() + C * H, 0.0f);
+      acc_ld_ = H;
+      acc_data_ = args.soft_embedding ? out.soft_embedding.data() : nullptr;
+    }
+#if DG_AMX_POSSIBLE
+    if (bf16) {
+      hidden_bf16_.resize(static_cast<std::size_t>(Mp * packed_->Hp));
+      probs_bf16_.resize(static_cast<std::size_t>(Mp * kTile));
+      amx::to_bf16(hidden, H, C, H, hidden_bf16_.data(), packed_->Hp, Mp, packed_->Hp);
+    }
+#endif
     const float T = args.temperature;
     for (std::int64_t v0 = 0; v0 < V; v0 += kTile) {
       const std::int64_t n = std::min(kTile, V - v0);
       float* L = logits_.data();
+#if DG_AMX_POSSIBLE
+      if (bf16) {
+        amx::lm_head(hidden_bf16_.data(), Mp, *packed_, v0, amx::round_up(n, 32), L, kTile);
+      } else {
+        gemm_nt(hidden, H, E + v0 * H, H, L, kTile, C, n, H);
+      }
+#else
       gemm_nt(hidden, H, E + v0 * H, H, L, kTile, C, n, H);
-      parallel_for(C, [&](std::int64_t r) { row_update(L + r * kTile, n, v0, r, cap, T, args, out); });
+#endif
+      parallel_for(C, [&](std::int64_t r) { row_update(L + r * kTile, n, v0, r, cap, T, args); });
       if (args.soft_embedding) {
         // The rows' scale factors were applied in row_update; now add P E_tile for the whole tile.
-        gemm_nn(L, kTile, E + v0 * H, H, out.soft_embedding.data(), H, C, H, n, /*accumulate=*/true);
+#if DG_AMX_POSSIBLE
+        if (bf16) {
+          const std::int64_t np = amx::round_up(n, 32);
+          amx::to_bf16(L, kTile, C, n, probs_bf16_.data(), kTile, Mp, np);
+          amx::soft_accumulate(probs_bf16_.data(), kTile, Mp, *packed_, v0, np, acc_data_);
+          continue;
+        }
+#endif
+        gemm_nn(L, kTile, E + v0 * H, H, acc_data_, acc_ld_, C, H, n, /*accumulate=*/true);
       }
     }
     parallel_for(C, [&](std::int64_t r) {
@@ -59,8 +97,9 @@ class VocabPass {
       out.entropy[r] = row.stats.entropy();
       if (args.soft_embedding) {
         const float scale = embed_scale / row.stats.sum;
+        const float* a = acc_data_ + r * acc_ld_;
         float* s = out.soft_embedding.data() + r * H;
-        for (std::int64_t i = 0; i < H; ++i) s[i] *= scale;
+        for (std::int64_t i = 0; i < H; ++i) s[i] = a[i] * scale;
       }
     });
   }
@@ -78,7 +117,7 @@ class VocabPass {
   // where m is the row's running max after this tile (the SC accumulator is rescaled to match).
   // Vectorised with Eigen arrays: softcap, temperature and exp dominate once the GEMMs are fast.
   void row_update(float* L, std::int64_t n, std::int64_t v0, std::int64_t r, float cap, float T,
-                  const VocabPassArgs& args, VocabPassResult& out) {
+                  const VocabPassArgs& args) {
     using Array = Eigen::Map<Eigen::ArrayXf>;
     Row& row = rows_[r];
     Array l(L, n);
@@ -94,8 +133,8 @@ class VocabPass {
     const float m = tile_max > old_max ? tile_max : old_max;
     if (args.soft_embedding && old_max != m && old_max != -std::numeric_limits<float>::infinity()) {
       const float alpha = std::exp(old_max - m);
-      float* s = out.soft_embedding.data() + r * H_;
-      for (std::int64_t i = 0; i < H_; ++i) s[i] *= alpha;
+      float* s = acc_data_ + r * acc_ld_;
+      for (std::int64_t i = 0; i < acc_ld_; ++i) s[i] *= alpha;
     }
     // Block statistics relative to m (>= the tile's max: any reference works, and this one is the
     // exponent base the soft embedding accumulates with).
@@ -138,7 +177,11 @@ class VocabPass {
 
   std::vector<float> logits_;
   std::vector<Row> rows_;
-  std::int64_t H_ = 0;
+  const amx::PackedEmbedding* packed_ = nullptr;
+  std::vector<float> acc_;
+  float* acc_data_ = nullptr;
+  std::int64_t acc_ld_ = 0;
+  std::vector<std::uint16_t> hidden_bf16_, probs_bf16_;
 };
 
 }  // namespace cpu

@@ -22,12 +22,10 @@ inline constexpr int kMaxExperts = 256;  // router scratch per thread
 inline constexpr int kMaxTopK = 64;      // as cpu::Engine
 
 // One thread per token. Writes weights and experts of the token's K slots and the slot ids that
-// the grouping sort carries along.
-__global__ void router_kernel(const float* logits, int tokens, int num_experts, int k, const float* per_expert_scale,
-                              float* slot_weight, int* slot_expert, int* slot_id);
-
+// the grouping sort carries along. (Kernels without a natural template parameter take a dummy
+// one: nvcc ignores `inline` on __global__, and a template is defined once per program.)
 template <int kUnused = 0>
-__global__ void router_kernel_t(const float* logits, int tokens, int num_experts, int k,
+__global__ void router_kernel(const float* logits, int tokens, int num_experts, int k,
                                 const float* per_expert_scale, float* slot_weight, int* slot_expert, int* slot_id) {
   const int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (t >= tokens) return;
