@@ -235,7 +235,9 @@ TEST_CASE("rms_norm_kernel equals math::rms_norm_row with each fusion", "[cuda][
       REQUIRE(dc::launch_rms_norm(p, out16.data(), nullptr).ok());
       INFO("n " << n << " weight " << v.weight << " residual " << v.residual << " scale " << v.scale);
       CHECK(max_rel_diff(to_host(out), ref) < 1e-6);
-      CHECK(max_rel_diff(widen(to_host(out16)), ref, 1e-6) <= kBf16Ulp);
+      // One bf16 rounding of the fp32 value; the 1e-3 floor absorbs the fp32 ulps that the residual
+      // variants' cancellations (res + y close to 0) magnify.
+      CHECK(max_rel_diff(widen(to_host(out16)), ref, 1e-3) <= kBf16Ulp);
     }
     // In place, as the engine runs x = (x + norm(a)) * scalar.
     dc::DeviceBuffer<float> x = to_device(res);
