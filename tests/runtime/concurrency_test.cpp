@@ -80,3 +80,30 @@ TEST_CASE("requests beyond the memory budget or the context are refused before a
   o.sampler.acceptance.entropy_bound = 0.1;
   CHECK_THROWS_WITH(d.generate(empty, o), Catch::Matchers::Contains("the prompt is empty"));
 }
+
+TEST_CASE("a callback can cancel; what was committed is kept", "[runtime][cancel]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_wide"));
+  TestDecoder d(model);
+  auto o = d.default_options(model->generation_config());
+  o.scheduler.max_new_tokens = 3 * model->config().canvas_length;
+  o.sampler.max_denoising_steps = 5;
+  const std::vector<std::int32_t> prompt{2, 3, 4};
+  Callbacks cb;
+  int steps_seen = 0;
+  cb.on_step = [&](const StepEvent& e) {
+    ++steps_seen;
+    return !(e.record.canvas == 1 && e.record.step == 2);  // stop in the middle of the second canvas
+  };
+  const auto r = d.generate(prompt, o, cb);
+  CHECK(r.finish == Finish::kCancelled);
+  CHECK(steps_seen == 8);
+  REQUIRE(r.canvases.size() == 2);
+  CHECK(r.canvases[1].stop == CanvasStop::kCancelled);
+  CHECK(r.tokens.size() == static_cast<std::size_t>(model->config().canvas_length));  // only canvas 0 committed
+  // Cancelling from the commit callback ends after that canvas.
+  Callbacks cb2;
+  cb2.on_commit = [](const CommitEvent&) { return false; };
+  const auto r2 = d.generate(prompt, o, cb2);
+  CHECK(r2.finish == Finish::kCancelled);
+  CHECK(r2.canvases.size() == 1);
+}

@@ -7,7 +7,7 @@
 //
 // Layers (STYLE.md §6): device/ inline device functions, kernel/ thin __global__ templates,
 // launch/ host launchers (caller's stream and workspace, no allocation, no synchronisation),
-// runtime.hpp host RAII, model.hpp / kv_cache.hpp / engine.hpp the back-end's objects.
+// runtime.hpp host RAII, model.hpp / kv_cache.hpp / engine.cuh the back-end's objects.
 #pragma once
 
 #include <diffusion_gemma/cuda/runtime.hpp>
@@ -34,7 +34,7 @@
 #include <diffusion_gemma/cuda/launch/rope.cuh>
 #include <diffusion_gemma/cuda/launch/vocab_pass.cuh>
 
-#include <diffusion_gemma/cuda/engine.hpp>
+#include <diffusion_gemma/cuda/engine.cuh>
 #include <diffusion_gemma/cuda/engine_buffers.cuh>
 #include <diffusion_gemma/cuda/kv_cache.hpp>
 #include <diffusion_gemma/cuda/model.hpp>

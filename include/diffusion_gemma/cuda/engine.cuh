@@ -15,7 +15,7 @@
 #pragma once
 
 #if !defined(__CUDACC__)
-#error "diffusion_gemma/cuda/engine.hpp launches kernels: include it from a .cu file compiled by nvcc"
+#error "diffusion_gemma/cuda/engine.cuh launches kernels: include it from a .cu file compiled by nvcc"
 #endif
 
 #include <algorithm>
