@@ -29,7 +29,7 @@ TEXT_CONFIG = dict(
     global_head_dim=64,             # full layers
     num_global_key_value_heads=1,   # full layers (k_eq_v: V = v_norm(k_proj(x)))
     attention_k_eq_v=True,
-    sliding_window=16,
+    sliding_window=32,
     max_position_embeddings=512,
     rope_parameters={
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},

@@ -35,10 +35,15 @@ inline int thread_index() {
 #endif
 }
 
-// Runs f(i) for i in [0, n) across threads; each i is independent.
+// Runs f(i) for i in [0, n) across threads; each i is independent. Inside a parallel region it
+// runs serially: the outer loop already owns the threads.
 template <class F>
 void parallel_for(std::int64_t n, F&& f) {
 #if defined(_OPENMP)
+  if (n <= 1 || omp_in_parallel()) {
+    for (std::int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t i = 0; i < n; ++i) f(i);
 #else

@@ -31,9 +31,14 @@ namespace cpu {
 
 // Runs the pass. `E` is the embedding table [V, H] (the tied LM head); `hidden` [C, H] holds the
 // final-normed hidden states; `cap` is the final logit softcap (0: none).
+//
+// Parallelism: the vocabulary tiles are dealt round-robin to kShards independent shards (one
+// parallel region per pass, single-threaded GEMMs inside), whose partial states merge at the end
+// in shard order. The shard count is a constant, so results do not depend on the thread count.
 class VocabPass {
  public:
   static constexpr std::int64_t kTile = 1024;  // a multiple of kSampleChunk and of the AMX blocks
+  static constexpr int kShards = 8;
 
   // Runs the two GEMMs in bf16 on AMX tiles from this packed table instead of fp32 (nullptr: fp32).
   void use_bf16(const amx::PackedEmbedding* packed) { packed_ = packed; }
@@ -44,62 +49,81 @@ class VocabPass {
     out.resize(C, H, args.soft_embedding);
     const bool bf16 = packed_ != nullptr;
     const std::int64_t Mp = bf16 ? amx::round_up(C, 16) : C;
-    logits_.resize(static_cast<std::size_t>(Mp * kTile));
-    rows_.assign(static_cast<std::size_t>(C), Row{});
-    // The soft-embedding accumulator: the output itself in fp32, a padded [Mp, Hp] block for AMX.
-    if (bf16) {
-      acc_.assign(static_cast<std::size_t>(Mp * packed_->Hp), 0.0f);
-      acc_ld_ = packed_->Hp;
-      acc_data_ = acc_.data();
-    } else {
-      if (args.soft_embedding) std::fill(out.soft_embedding.begin(), out.soft_embedding.begin() + C * H, 0.0f);
-      acc_ld_ = H;
-      acc_data_ = args.soft_embedding ? out.soft_embedding.data() : nullptr;
-    }
+    const std::int64_t ld = bf16 ? packed_->Hp : H;  // row stride of the soft-embedding accumulators
+    const std::int64_t tiles = (V + kTile - 1) / kTile;
+    const int shards = static_cast<int>(std::min<std::int64_t>(kShards, tiles));
+    shards_.resize(static_cast<std::size_t>(shards));
 #if DG_AMX_POSSIBLE
     if (bf16) {
       hidden_bf16_.resize(static_cast<std::size_t>(Mp * packed_->Hp));
-      probs_bf16_.resize(static_cast<std::size_t>(Mp * kTile));
       amx::to_bf16(hidden, H, C, H, hidden_bf16_.data(), packed_->Hp, Mp, packed_->Hp);
     }
 #endif
-    const float T = args.temperature;
-    for (std::int64_t v0 = 0; v0 < V; v0 += kTile) {
-      const std::int64_t n = std::min(kTile, V - v0);
-      float* L = logits_.data();
+    parallel_for(shards, [&](std::int64_t si) {
+      Shard& sh = shards_[static_cast<std::size_t>(si)];
+      sh.rows.assign(static_cast<std::size_t>(C), Row{});
+      sh.logits.resize(static_cast<std::size_t>(Mp * kTile));
+      if (args.soft_embedding) sh.acc.assign(static_cast<std::size_t>(Mp * ld), 0.0f);
+      sh.ld = ld;
+      for (std::int64_t t = si; t < tiles; t += shards) {
+        const std::int64_t v0 = t * kTile, n = std::min(kTile, V - v0);
+        float* L = sh.logits.data();
 #if DG_AMX_POSSIBLE
-      if (bf16) {
-        amx::lm_head(hidden_bf16_.data(), Mp, *packed_, v0, amx::round_up(n, 32), L, kTile);
-      } else {
-        gemm_nt(hidden, H, E + v0 * H, H, L, kTile, C, n, H);
-      }
+        if (bf16) {
+          amx::lm_head(hidden_bf16_.data(), Mp, *packed_, v0, amx::round_up(n, 32), L, kTile);
+        } else {
+          gemm_nt(hidden, H, E + v0 * H, H, L, kTile, C, n, H);
+        }
 #else
-      gemm_nt(hidden, H, E + v0 * H, H, L, kTile, C, n, H);
+        gemm_nt(hidden, H, E + v0 * H, H, L, kTile, C, n, H);
 #endif
-      parallel_for(C, [&](std::int64_t r) { row_update(L + r * kTile, n, v0, r, cap, T, args); });
-      if (args.soft_embedding) {
+        for (std::int64_t r = 0; r < C; ++r) row_update(sh, L + r * kTile, n, v0, r, cap, args);
+        if (!args.soft_embedding) continue;
         // The rows' scale factors were applied in row_update; now add P E_tile for the whole tile.
 #if DG_AMX_POSSIBLE
         if (bf16) {
           const std::int64_t np = amx::round_up(n, 32);
-          amx::to_bf16(L, kTile, C, n, probs_bf16_.data(), kTile, Mp, np);
-          amx::soft_accumulate(probs_bf16_.data(), kTile, Mp, *packed_, v0, np, acc_data_);
+          sh.probs_bf16.resize(static_cast<std::size_t>(Mp * kTile));
+          amx::to_bf16(L, kTile, C, n, sh.probs_bf16.data(), kTile, Mp, np);
+          amx::soft_accumulate(sh.probs_bf16.data(), kTile, Mp, *packed_, v0, np, sh.acc.data());
           continue;
         }
 #endif
-        gemm_nn(L, kTile, E + v0 * H, H, acc_data_, acc_ld_, C, H, n, /*accumulate=*/true);
+        gemm_nn(L, kTile, E + v0 * H, H, sh.acc.data(), ld, C, H, n, /*accumulate=*/true);
       }
-    }
+    });
+    // Merge the shards in order: statistics, argmax (lowest index on ties), sample (highest Gumbel
+    // score; lowest id on ties), and the soft embeddings rescaled to the common max.
     parallel_for(C, [&](std::int64_t r) {
-      const Row& row = rows_[r];
-      out.argmax[r] = row.argmax;
-      out.sample[r] = args.sample ? row.sample : -1;
-      out.entropy[r] = row.stats.entropy();
+      math::SoftmaxStats stats;
+      Row best = shards_[0].rows[static_cast<std::size_t>(r)];
+      for (int si = 0; si < shards; ++si) {
+        const Row& row = shards_[static_cast<std::size_t>(si)].rows[static_cast<std::size_t>(r)];
+        stats.merge(row.stats);
+        if (row.best > best.best || (row.best == best.best && row.argmax < best.argmax)) {
+          best.best = row.best;
+          best.argmax = row.argmax;
+        }
+        if (row.sample_score > best.sample_score ||
+            (row.sample_score == best.sample_score && row.sample < best.sample)) {
+          best.sample_score = row.sample_score;
+          best.sample = row.sample;
+        }
+      }
+      out.argmax[r] = best.argmax;
+      out.sample[r] = args.sample ? best.sample : -1;
+      out.entropy[r] = stats.entropy();
       if (args.soft_embedding) {
-        const float scale = embed_scale / row.stats.sum;
-        const float* a = acc_data_ + r * acc_ld_;
         float* s = out.soft_embedding.data() + r * H;
-        for (std::int64_t i = 0; i < H; ++i) s[i] = a[i] * scale;
+        std::fill(s, s + H, 0.0f);
+        for (int si = 0; si < shards; ++si) {
+          const Shard& sh = shards_[static_cast<std::size_t>(si)];
+          const Row& row = sh.rows[static_cast<std::size_t>(r)];
+          if (row.stats.sum == 0.0f) continue;
+          const float w = std::exp(row.stats.max - stats.max) * (embed_scale / stats.sum);
+          const float* a = sh.acc.data() + r * sh.ld;
+          for (std::int64_t i = 0; i < H; ++i) s[i] += a[i] * w;
+        }
       }
     });
   }
@@ -113,13 +137,24 @@ class VocabPass {
     std::int32_t sample = 0;
   };
 
+  struct Shard {
+    std::vector<Row> rows;
+    std::vector<float> logits;  // [Mp, kTile]: one tile's logits, then its probabilities
+    std::vector<float> acc;     // [Mp, ld]: sum of e^(l - m) E rows, m the shard's running row max
+    std::int64_t ld = 0;
+    std::vector<float> scratch;
+    std::vector<std::uint16_t> probs_bf16;
+  };
+
   // Processes one row of a tile in place: `L` holds raw logits on entry and p = e^(l - m) on exit,
-  // where m is the row's running max after this tile (the SC accumulator is rescaled to match).
-  // Vectorised with Eigen arrays: softcap, temperature and exp dominate once the GEMMs are fast.
-  void row_update(float* L, std::int64_t n, std::int64_t v0, std::int64_t r, float cap, float T,
-                  const VocabPassArgs& args) {
+  // where m is the row's running max in this shard after this tile (its accumulator row is
+  // rescaled to match). Vectorised with Eigen arrays: softcap, temperature and exp dominate once
+  // the GEMMs are fast.
+  void row_update(Shard& sh, float* L, std::int64_t n, std::int64_t v0, std::int64_t r, float cap,
+                  const VocabPassArgs& args) const {
     using Array = Eigen::Map<Eigen::ArrayXf>;
-    Row& row = rows_[r];
+    Row& row = sh.rows[static_cast<std::size_t>(r)];
+    const float T = args.temperature;
     Array l(L, n);
     if (cap > 0.0f) l = (l / cap).tanh() * cap;  // cap * tanh(x / cap), in the reference's order
     l = l / T;                                     // an fp32 divide, as the reference
@@ -133,14 +168,13 @@ class VocabPass {
     const float m = tile_max > old_max ? tile_max : old_max;
     if (args.soft_embedding && old_max != m && old_max != -std::numeric_limits<float>::infinity()) {
       const float alpha = std::exp(old_max - m);
-      float* s = acc_data_ + r * acc_ld_;
-      for (std::int64_t i = 0; i < acc_ld_; ++i) s[i] *= alpha;
+      float* s = sh.acc.data() + r * sh.ld;
+      for (std::int64_t i = 0; i < sh.ld; ++i) s[i] *= alpha;
     }
     // Block statistics relative to m (>= the tile's max: any reference works, and this one is the
     // exponent base the soft embedding accumulates with).
-    thread_local std::vector<float> scratch;
-    if (scratch.size() < static_cast<std::size_t>(n)) scratch.resize(static_cast<std::size_t>(n));
-    Array e(scratch.data(), n);
+    if (sh.scratch.size() < static_cast<std::size_t>(n)) sh.scratch.resize(static_cast<std::size_t>(n));
+    Array e(sh.scratch.data(), n);
     l -= m;
     e = l.exp();
     math::SoftmaxStats block;
@@ -175,13 +209,9 @@ class VocabPass {
     }
   }
 
-  std::vector<float> logits_;
-  std::vector<Row> rows_;
   const amx::PackedEmbedding* packed_ = nullptr;
-  std::vector<float> acc_;
-  float* acc_data_ = nullptr;
-  std::int64_t acc_ld_ = 0;
-  std::vector<std::uint16_t> hidden_bf16_, probs_bf16_;
+  std::vector<Shard> shards_;
+  std::vector<std::uint16_t> hidden_bf16_;
 };
 
 }  // namespace cpu
