@@ -11,11 +11,14 @@ What this script does, in float32:
   1. runs model.generate() on prompts longer than the sliding window, for two canvases (so the second
      canvas is denoised against prompt + a committed canvas), recording every decoder call: input canvas,
      self-conditioning logits, position ids and the logits generate computed;
-  2. recomputes each of those logits with the training forward (common.train_forward: one causal encoder
-     call over prompt + committed canvases into a fresh DynamicCache, then the decoder; the trainer's code
-     path), with the one-call form model(input_ids=prefix, decoder_input_ids=canvas, ...) and with a
-     batch of two different prompts of the same length (the trainer's batching), and reports the max
-     abs difference;
+  2. recomputes each of those logits with the training forward and reports the max abs difference:
+     a. common.train_forward: one causal encoder call over prompt + committed canvases into a fresh
+        DynamicCache, then the decoder (no padding);
+     b. the one-call form model(input_ids=prefix, decoder_input_ids=canvas, self_conditioning_logits=...);
+     c. the trainer's actual path, common.train_forward_padded: the prefix left-padded in a batch with a
+        shorter and a longer prefix, explicit 4-D encoder/decoder masks and per-row position ids, other
+        rows with other canvases and self-conditioning on/off;
+     d. two prompts of the same length in one unpadded batch vs each alone;
   3. negative control: the same decoder call with a cache whose sliding layers keep the WHOLE prefix
      (what a naive full-prefix training mask would show) must differ clearly, proving the check can see
      the difference.
@@ -77,7 +80,9 @@ def leaky_logits(model, prefix, canvas, sc):
 def run(model, prompts, label):
     C = model.config.canvas_length
     W = model.config.text_config.sliding_window
-    worst_train, worst_onecall, worst_batch, min_leak = 0.0, 0.0, 0.0, float("inf")
+    worst_train, worst_onecall, worst_batch, worst_padded, min_leak = 0.0, 0.0, 0.0, 0.0, float("inf")
+    g = torch.Generator().manual_seed(0)
+    V = model.config.text_config.vocab_size
     argmax_ok = True
     n_calls = 0
     seqs = []
@@ -95,9 +100,24 @@ def run(model, prompts, label):
                                              sc_mask=None if c["sc"] is None else torch.ones(1, dtype=torch.bool))
                 l1 = model(input_ids=prefix, decoder_input_ids=c["canvas"], self_conditioning_logits=c["sc"]).logits
                 ll = leaky_logits(model, prefix, c["canvas"], c["sc"])
+                # the trainer's padded path: this prefix in a left-padded batch with a shorter and a longer
+                # random prefix (other rows get other canvases and SC on/off)
+                n = prefix.shape[1]
+                others = [[2] + torch.randint(5, V, (m - 1,), generator=g).tolist() for m in (max(2, n // 3), n + 9)]
+                pp = common.PaddedPrefix([others[0], prefix[0].tolist(), others[1]], W, C)
+                canv = torch.cat([torch.randint(0, V, (1, C), generator=g), c["canvas"],
+                                  torch.randint(0, V, (1, C), generator=g)])
+                sc = c["sc"] if c["sc"] is not None else torch.zeros(1, C, V)
+                scb = torch.cat([torch.randn(1, C, V, generator=g), sc, torch.randn(1, C, V, generator=g)])
+                lp, _ = common.train_forward_padded(model, pp, canv, sc_logits=scb,
+                                                    sc_mask=torch.tensor([True, c["sc"] is not None, False]))
+                lp = lp[1:2]
             d_t = (lt - c["logits"]).abs().max().item()
             d_1 = (l1 - c["logits"]).abs().max().item()
             d_l = (ll - c["logits"]).abs().max().item()
+            d_p = (lp - c["logits"]).abs().max().item()
+            worst_padded = max(worst_padded, d_p)
+            argmax_ok &= bool((lp.argmax(-1) == c["logits"].argmax(-1)).all())
             worst_train, worst_onecall = max(worst_train, d_t), max(worst_onecall, d_1)
             min_leak = min(min_leak, d_l)
             argmax_ok &= bool((lt.argmax(-1) == c["logits"].argmax(-1)).all())
@@ -119,12 +139,14 @@ def run(model, prompts, label):
                 lr, _ = common.train_forward(model, torch.tensor(pair[r:r + 1]), canvas[r:r + 1],
                                              sc_logits=sc[r:r + 1] if r == 0 else None)
                 worst_batch = max(worst_batch, (lb[r] - lr[0]).abs().max().item())
-    ok = worst_train < TOL and worst_onecall < TOL and worst_batch < TOL and argmax_ok and min_leak > 10 * TOL
+    ok = (worst_train < TOL and worst_onecall < TOL and worst_batch < TOL and worst_padded < TOL and argmax_ok
+          and min_leak > 10 * TOL)
     res = {"model": label, "prompts": len(prompts), "prompt_lengths": [len(p) for p in prompts],
            "sliding_window": W, "canvas_length": C, "decoder_calls_checked": n_calls,
            "max_abs_diff_train_forward_vs_generate": worst_train,
            "max_abs_diff_one_call_forward_vs_generate": worst_onecall,
            "max_abs_diff_batched_vs_single": worst_batch,
+           "max_abs_diff_padded_mixed_batch_vs_generate": worst_padded,
            "argmax_identical": argmax_ok,
            "min_abs_diff_full_prefix_control_vs_generate": min_leak,
            "pass": ok}

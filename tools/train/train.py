@@ -4,7 +4,7 @@
 
 Steps (all seeded, deterministic on a given machine/thread count):
   1. task data  -> tools/train/data/{train,test}.jsonl          (tasks.py, seed 1234)
-  2. tokenizer  -> <out>/tokenizer.json                           (build_tokenizer.py, BPE, 512 ids)
+  2. tokenizer  -> <out>/tokenizer.json                           (build_tokenizer.py, BPE, 576 ids)
   3. training   (recipe below)
   4. save       -> <out>/{config.json, generation_config.json, model.safetensors (bf16), tokenizer*.json}
                    and tools/train/logs/train_log.json (loss curve, timings)
@@ -21,8 +21,12 @@ Recipe (DiffusionGemma's published block-diffusion recipe, scaled down):
     (per example) as `self_conditioning_logits`; rows not selected get `self_conditioning_mask=False`
     (zero SC signal, like step 1 of every canvas at inference). Dividing by T makes the training SC input
     match inference, where the SC input is the previous step's temperature-scaled logits (T = 0.8..0.41);
-  * batches hold instances of one prefix length (bucketed), so there is no padding and the masks are the
-    inference masks (check_masks.py verifies training logits == generate()'s logits);
+  * batches mix tasks and canvas indices: 8 batches' worth of random instances are drawn, sorted by prefix
+    length and cut into batches (little padding); prefixes are left-padded and explicit 4-D masks and
+    per-row position ids make every row see exactly what batch-1 inference sees (common.PaddedPrefix;
+    check_masks.py verifies that these training logits equal generate()'s logits);
+  * q_norm / k_norm weights start at head_dim^-1/4 (attention scale is 1.0 in Gemma 4, so unit weights
+    would start with saturated softmaxes); everything else uses the transformers initialisation;
   * AdamW (0.9, 0.98), weight decay 0.01, linear warmup then cosine decay to 10 %, grad-norm clip 1.0.
 """
 
@@ -51,11 +55,11 @@ def parse_args():
     ap.add_argument("--out", default=os.path.join(REPO, "models", "dg-tiny-tasks"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--n-train", type=int, default=40000, help="train examples per task")
+    ap.add_argument("--n-train", type=int, default=50000, help="train examples per task")
     ap.add_argument("--n-test", type=int, default=100, help="held-out examples per task")
     ap.add_argument("--steps", type=int, default=4000)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--weight-decay", type=float, default=0.01)
@@ -83,6 +87,7 @@ def lr_at(step, args):
 def main():
     args = parse_args()
     t_start = time.time()
+    cpu_start = time.process_time()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
@@ -216,12 +221,15 @@ def main():
     model.config.dtype = args.save_dtype
     model.generation_config = DiffusionGemmaGenerationConfig(**common.GENERATION_CONFIG)
     model.save_pretrained(args.out)
+    os.chmod(os.path.join(args.out, "model.safetensors"), 0o644)
     total = time.time() - t_start
     log.update({"time_data_s": t_data, "time_prep_s": t_prep, "time_train_s": t_train, "time_total_s": total,
+                "cpu_time_total_s": time.process_time() - cpu_start, "load_avg_at_end": os.getloadavg(),
                 "steps_per_s": args.steps / t_train, "threads": args.threads, "torch": torch.__version__})
     with open(args.log, "w") as f:
         json.dump(log, f, indent=1)
-    print(f"[done] saved {args.out} ({args.save_dtype}); train {t_train:.0f}s, total wall {total:.0f}s", flush=True)
+    print(f"[done] saved {args.out} ({args.save_dtype}); train {t_train:.0f}s, total wall {total:.0f}s, "
+          f"process CPU time {log['cpu_time_total_s']:.0f}s", flush=True)
 
 
 if __name__ == "__main__":

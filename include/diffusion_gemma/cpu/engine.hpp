@@ -26,6 +26,7 @@
 #include <diffusion_gemma/cpu/parallel.hpp>
 #include <diffusion_gemma/cpu/vocab_pass.hpp>
 #include <diffusion_gemma/model/backbone.hpp>
+#include <diffusion_gemma/model/input_checks.hpp>
 
 namespace diffusion_gemma::cpu {
 
@@ -97,12 +98,12 @@ class Engine {
   // Causal pass over `n` new tokens at positions cache.length()..; appends their K/V. Writes the
   // final-normed hidden states [n, H] when `hidden_out` is given.
   void encode(const std::int32_t* ids, std::int64_t n, KvCache& cache, float* hidden_out = nullptr) {
-    check_ids(ids, n, "encoder input");
+    check_token_ids(cfg_, ids, n, "encoder input");
     if (cache.length() + n > cache.capacity()) {
       throw_error(StatusCode::kOutOfRange, "encoder: ", n, " tokens after ", cache.length(),
                   " cached positions exceed the KV cache capacity of ", cache.capacity());
     }
-    check_positions(cache.length() + n);
+    check_positions(cfg_, cache.length() + n);
     for (std::int64_t done = 0; done < n;) {
       const std::int64_t chunk = std::min(pass_tokens_, n - done);
       run_pass(AttentionMode::kEncoder, ids + done, chunk, nullptr, cache, &cache, cache.length(),
@@ -120,9 +121,9 @@ class Engine {
     if (!cfg_.is_diffusion()) {
       throw_error(StatusCode::kUnsupported, cfg_.source, ": denoising needs a DiffusionGemma checkpoint");
     }
-    check_ids(ids, n, "canvas");
+    check_token_ids(cfg_, ids, n, "canvas");
     if (n > pass_tokens_) reserve(n);
-    check_positions(cache.length() + n);
+    check_positions(cfg_, cache.length() + n);
     run_pass(AttentionMode::kDenoiser, ids, n, soft_embedding, cache, nullptr, cache.length(), hidden_out);
   }
 
@@ -236,22 +237,6 @@ class Engine {
     reserved_ = std::max(reserved_, T);
   }
 
-  void check_ids(const std::int32_t* ids, std::int64_t n, const char* what) const {
-    if (n <= 0) throw_error(StatusCode::kInvalidArgument, what, " is empty");
-    for (std::int64_t i = 0; i < n; ++i) {
-      if (ids[i] < 0 || ids[i] >= cfg_.vocab_size) {
-        throw_error(StatusCode::kInvalidArgument, what, ": token id ", ids[i], " at position ", i,
-                    " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
-      }
-    }
-  }
-
-  void check_positions(std::int64_t end) const {
-    if (end > cfg_.max_position_embeddings) {
-      throw_error(StatusCode::kOutOfRange, "positions up to ", end - 1, " exceed max_position_embeddings ",
-                  cfg_.max_position_embeddings, " of ", cfg_.source);
-    }
-  }
 
   // One pass of T tokens at positions p0..p0+T-1 through every layer.
   // Encoder passes write their K/V to `write_to`; denoiser passes have none to write.

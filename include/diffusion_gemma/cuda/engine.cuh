@@ -41,6 +41,7 @@
 #include <diffusion_gemma/cuda/runtime.hpp>
 #include <diffusion_gemma/cuda/workspace.hpp>
 #include <diffusion_gemma/model/backbone.hpp>
+#include <diffusion_gemma/model/input_checks.hpp>
 #include <diffusion_gemma/sampler/vocab_stats.hpp>
 
 namespace diffusion_gemma::cuda {
@@ -97,12 +98,12 @@ class Engine {
   // Causal pass over `n` new tokens (host ids) at positions cache.length()..; appends their K/V.
   // Copies the final-normed hidden states [n, H] to the host when `hidden_out` is given.
   void encode(const std::int32_t* ids, std::int64_t n, KvCache& cache, float* hidden_out = nullptr) {
-    check_ids(ids, n, "encoder input");
+    check_token_ids(cfg_, ids, n, "encoder input");
     if (cache.length() + n > cache.capacity()) {
       throw_error(StatusCode::kOutOfRange, "encoder: ", n, " tokens after ", cache.length(),
                   " cached positions exceed the KV cache capacity of ", cache.capacity());
     }
-    check_positions(cache.length() + n);
+    check_positions(cfg_, cache.length() + n);
     const int H = cfg_.hidden_size;
     for (std::int64_t done = 0; done < n;) {
       const std::int64_t chunk = std::min(pass_tokens_, n - done);
@@ -232,7 +233,7 @@ class Engine {
       throw_error(StatusCode::kOutOfRange, "encode_device: the KV cache capacity of ", cache.capacity(),
                   " is exceeded");
     }
-    check_positions(cache.length() + n);
+    check_positions(cfg_, cache.length() + n);
     dispatch([&](auto act) {
       run_pass<decltype(act)>(AttentionMode::kEncoder, ids, n, nullptr, cache, &cache, cache.length(), hidden_out);
     });
@@ -241,7 +242,7 @@ class Engine {
   void denoise_device(const std::int32_t* ids, std::int64_t n, const float* soft, const KvCache& cache,
                       float* hidden_out) {
     if (n > reserved_) reserve(n);
-    check_positions(cache.length() + n);
+    check_positions(cfg_, cache.length() + n);
     dispatch([&](auto act) {
       run_pass<decltype(act)>(AttentionMode::kDenoiser, ids, n, soft, cache, nullptr, cache.length(), hidden_out);
     });
@@ -317,29 +318,13 @@ class Engine {
     std::memcpy(out.entropy.data(), host + 2 * n, bytes);
   }
 
-  void check_ids(const std::int32_t* ids, std::int64_t n, const char* what) const {
-    if (n <= 0) throw_error(StatusCode::kInvalidArgument, what, " is empty");
-    for (std::int64_t i = 0; i < n; ++i) {
-      if (ids[i] < 0 || ids[i] >= cfg_.vocab_size) {
-        throw_error(StatusCode::kInvalidArgument, what, ": token id ", ids[i], " at position ", i,
-                    " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
-      }
-    }
-  }
-
-  void check_positions(std::int64_t end) const {
-    if (end > cfg_.max_position_embeddings) {
-      throw_error(StatusCode::kOutOfRange, "positions up to ", end - 1, " exceed max_position_embeddings ",
-                  cfg_.max_position_embeddings, " of ", cfg_.source);
-    }
-  }
 
   void check_denoise(const std::int32_t* ids, std::int64_t n, const KvCache& cache) const {
     if (!cfg_.is_diffusion()) {
       throw_error(StatusCode::kUnsupported, cfg_.source, ": denoising needs a DiffusionGemma checkpoint");
     }
-    check_ids(ids, n, "canvas");
-    check_positions(cache.length() + n);
+    check_token_ids(cfg_, ids, n, "canvas");
+    check_positions(cfg_, cache.length() + n);
   }
 
   // `in` [n] fp32 as the storage type: itself for F32, a converted copy in `scratch` for BF16.
