@@ -45,11 +45,36 @@ def svg(ours, theirs, tasks, path):
         f.write("\n".join(out) + "\n")
 
 
+def seed_means(seeds_dir, ours_default, theirs_default, tasks):
+    """Prints the per-task mean exact match over seed 0 and the seed files; returns the worst gap."""
+    import glob
+    if not os.path.isdir(seeds_dir) or ours_default is None or theirs_default is None:
+        return None
+    runs = {"ours": [ours_default], "transformers": [theirs_default]}
+    for side, prefix in (("ours", "dgemma_seed"), ("transformers", "transformers_seed")):
+        for f in sorted(glob.glob(os.path.join(seeds_dir, prefix + "*.json"))):
+            runs[side] += [r for r in json.load(open(f))["settings"]
+                           if r["max_denoising_steps"] == ours_default["max_denoising_steps"]]
+    print(f"\nmean over seeds, default setting ({len(runs['ours'])} runs ours, {len(runs['transformers'])} transformers)")
+    worst = 0.0
+    for t in tasks:
+        a = [r["tasks"][t]["exact_match"] for r in runs["ours"]]
+        b = [r["tasks"][t]["exact_match"] for r in runs["transformers"]]
+        ma, mb = 100 * sum(a) / len(a), 100 * sum(b) / len(b)
+        worst = min(worst, ma - mb)
+        print(f"{t:>8} {ma:6.1f}% (min {100*min(a):.0f}, max {100*max(a):.0f})   "
+              f"transformers {mb:6.1f}% (min {100*min(b):.0f}, max {100*max(b):.0f})   {ma - mb:+5.1f}")
+    return worst
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", default=os.path.join(here, "dgemma_results.json"))
     ap.add_argument("--theirs", default=os.path.join(here, "transformers_results.json"))
     ap.add_argument("--svg", default=os.path.join(here, "quality.svg"))
+    ap.add_argument("--seeds-dir", default=os.path.join(here, "seeds"),
+                    help="more runs of the default setting with other seeds (dgemma_seed*.json, "
+                         "transformers_seed*.json): the means over all seeds are compared too")
     args = ap.parse_args()
     ours_r, theirs_r = json.load(open(args.ours)), json.load(open(args.theirs))
     ours, theirs = by_steps(ours_r), by_steps(theirs_r)
@@ -72,8 +97,12 @@ def main():
                 if a["exact_match"] < 0.9:
                     below.append(t)
     svg(ours, theirs, tasks, args.svg)
+    # One seed per side differs by several points from stream noise alone (100 prompts per task), so
+    # the 2-point target is checked on the mean over all seeds of each side.
+    mean_gap = seed_means(args.seeds_dir, ours.get(default), theirs.get(default), tasks)
     print(f"\ndefault sampler ({default} steps): tasks below 90%: {below or 'none'}; "
-          f"largest shortfall vs transformers {-worst_gap:.1f} points (target <= 2)")
+          f"largest shortfall vs transformers {-worst_gap:.1f} points with seed 0 on both sides"
+          + (f", {-mean_gap:.1f} points on the seed means" if mean_gap is not None else "") + " (target <= 2)")
     print(f"wrote {args.svg}")
 
 

@@ -12,7 +12,7 @@ Ids:
 During training only, a pre-tokenizer splits words at "▁" and every digit and "\n" into its own piece,
 so no learned merge contains a digit, punctuation or a newline or crosses a word boundary; the final tokenizer.json
 has no pre-tokenizer (like Gemma), and `build` asserts that it tokenizes the corpus exactly like the
-training-time pipeline.
+training-time pipeline (on every k-th text, 20k texts).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def build(texts: list[str], vocab_size: int, path: str) -> Tokenizer:
     # 3. the final tokenizer (no pre-tokenizer) must agree with the training-time pipeline
     ref = Tokenizer.from_str(tok.to_str())
     ref.pre_tokenizer = _train_pre_tokenizer()
-    for t in texts:
+    for t in texts[:: max(1, len(texts) // 20000)]:
         a = tok.encode(t, add_special_tokens=False)
         b = ref.encode(t, add_special_tokens=False)
         assert a.ids == b.ids, (t, a.tokens, b.tokens)

@@ -57,7 +57,7 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-train", type=int, default=50000, help="train examples per task")
     ap.add_argument("--n-test", type=int, default=100, help="held-out examples per task")
-    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--steps", type=int, default=5000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
@@ -68,6 +68,8 @@ def parse_args():
                     help="noise level t = 1 - (1 - u)^k, u ~ U(eps, 1); k = 1 is uniform, k > 1 favours high noise")
     ap.add_argument("--data-dir", default=common.DATA_DIR)
     ap.add_argument("--qk-norm-init", default="scaled", choices=["ones", "scaled"])
+    ap.add_argument("--task-weights", default="sort=0.33,add=0.33,reverse=0.14,sudoku=0.2",
+                    help="sampling probability of each task's canvas instances (the hard tasks get more)")
     ap.add_argument("--noise-samples", type=int, default=1, help="noisy canvases per encoded prefix")
     ap.add_argument("--pool", type=int, default=8, help="batches drawn at once and grouped by prefix length")
     ap.add_argument("--text-config", default="{}", help="JSON overrides of common.TEXT_CONFIG")
@@ -116,10 +118,17 @@ def main():
 
     # 3. training instances (prefix, target canvas)
     C = common.CANVAS_LENGTH
-    instances = []
+    by_task: dict[str, list] = {t: [] for t in tasks.TASKS}
     for e in train_ex:
         prompt, answer = common.encode_example(tok, e)
-        instances += common.canvas_instances(prompt, answer, C)
+        by_task[e["task"]] += common.canvas_instances(prompt, answer, C)
+    instances = [it for t in tasks.TASKS for it in by_task[t]]
+    task_w = {t: 1.0 for t in tasks.TASKS}
+    for kv in filter(None, args.task_weights.split(",")):
+        k, v = kv.split("=")
+        task_w[k] = float(v)
+    task_names = list(tasks.TASKS)
+    task_probs = [task_w[t] for t in task_names]
     plen = sorted({len(p) for p, _ in instances})
     t_prep = time.time() - t_start
     print(f"[prep] tokenizer + {len(instances)} canvas instances, prefix lengths {plen[0]}..{plen[-1]} "
@@ -166,7 +175,9 @@ def main():
     t_train0 = time.time()
     for step in range(args.steps):
         if not queue:  # draw pool * batch random instances, sort by prefix length, cut into batches
-            draw = [instances[rng.randrange(len(instances))] for _ in range(args.pool * args.batch)]
+            draw = []
+            for t in rng.choices(task_names, task_probs, k=args.pool * args.batch):
+                draw.append(by_task[t][rng.randrange(len(by_task[t]))])
             draw.sort(key=lambda it: len(it[0]))
             queue = [draw[i:i + args.batch] for i in range(0, len(draw), args.batch)]
             rng.shuffle(queue)
