@@ -21,7 +21,16 @@ for target in "$build"/tests/fuzz/*_fuzz; do
   if [ -n "${DG_FUZZ_RUNS:-}" ]; then
     limit=(-runs="$DG_FUZZ_RUNS")
   fi
-  "$target" "${limit[@]}" -print_final_stats=1 -artifact_prefix="$build/crash-$name-" "$work" 2>&1 |
-    grep -E "^(stat::number_of_executed_units|Done|==|SUMMARY|INFO: Seed)" || true
-  # libFuzzer exits non-zero on any crash or sanitizer report; pipefail carries it here.
+  log="$build/fuzz-$name.log"
+  # libFuzzer exits non-zero on any crash, leak or sanitizer report; that status (not grep's) decides.
+  set +e
+  "$target" "${limit[@]}" -print_final_stats=1 -artifact_prefix="$build/crash-$name-" "$work" >"$log" 2>&1
+  status=$?
+  set -e
+  grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|Done|==|SUMMARY|INFO: Seed)" "$log" || true
+  if [ "$status" -ne 0 ]; then
+    tail -n 40 "$log"
+    echo "fuzz target $name failed (exit $status); full log: $log; reproducer: $build/crash-$name-*" >&2
+    exit 1
+  fi
 done
