@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Side-by-side CPU benchmark: this library (bench_cpu) and transformers (bench_transformers.py)
 on the same random-weight checkpoints, the same thread count, interleaved in one run. Prints the
-ratio per row, writes benchmarks/cpu/results.json and benchmarks/cpu/results.svg.
+ratio per row, writes benchmarks/cpu/results.json and benchmarks/cpu/results.svg. With --bf16 (the
+default) ours also runs with the bf16 vocabulary pass (AMX tiles where the CPU has them; the same fp32
+path elsewhere), as a third column.
 
     tools/reference/.venv/bin/python benchmarks/cpu/run.py --bench build/benchmarks/bench_cpu \
         [--configs bundled,small,medium] [--threads 2]
@@ -33,6 +35,17 @@ def run_json(cmd, env=None):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def svg_chart(results, path):
     """Grouped bars: denoise step time per configuration, ours vs transformers; AR vs diffusion tok/s."""
     names = list(results)
@@ -56,12 +69,17 @@ def svg_chart(results, path):
             xc = x0 + pad / 2 + (i * (len(series) + 1) + len(series) / 2) * bw
             parts.append(f'<text x="{xc:.1f}" y="{h - pad + 15}" text-anchor="middle">{n}</text>')
         for j, lab in enumerate(labels):
-            parts.append(f'<rect x="{x0 + pad/2}" y="{h - 25 + 0 * j}" width="10" height="10" fill="{colors[j]}" transform="translate({j*150},0)"/>')
-            parts.append(f'<text x="{x0 + pad/2 + 14 + j*150}" y="{h - 16}">{lab}</text>')
+            parts.append(f'<rect x="{x0 + pad/2}" y="{h - 25 + 0 * j}" width="10" height="10" fill="{colors[j]}" transform="translate({j*115},0)"/>')
+            parts.append(f'<text x="{x0 + pad/2 + 14 + j*115}" y="{h - 16}" font-size="10">{lab}</text>')
 
-    bars(0, [[results[n]["ours"].get("step_seconds") for n in names],
-             [results[n]["transformers"].get("step_seconds") for n in names]],
-         ["diffusion_gemma", "transformers"], ["#1f77b4", "#ff7f0e"])
+    step_series = [[results[n]["ours"].get("step_seconds") for n in names],
+                   [results[n]["transformers"].get("step_seconds") for n in names]]
+    step_labels, step_colors = ["diffusion_gemma fp32", "transformers"], ["#1f77b4", "#ff7f0e"]
+    if all("ours_bf16" in results[n] for n in names):
+        step_series.append([results[n]["ours_bf16"].get("step_seconds") for n in names])
+        step_labels.append("diffusion_gemma bf16 vocab")
+        step_colors.append("#17becf")
+    bars(0, step_series, step_labels, step_colors)
     bars(w / 2, [[results[n]["ours"].get("generate_tokens_per_second") for n in names],
                  [results[n]["ours"].get("ar_tokens_per_second") for n in names]],
          ["diffusion (fixed steps)", "autoregressive"], ["#2ca02c", "#9467bd"])
@@ -79,6 +97,8 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--work", default="/tmp/dg_bench")
     ap.add_argument("--out", default=os.path.join(here, "results.json"))
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run ours with --vocab-precision bf16")
     args = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
     results = {}
@@ -97,23 +117,35 @@ def main():
         # Interleaved: ours, transformers, in one run on the same machine state.
         ours = run_json([args.bench] + common, env)
         theirs = run_json([sys.executable, os.path.join(here, "bench_transformers.py")] + common, env)
+        ours_bf16 = run_json([args.bench] + common + ["--vocab-precision", "bf16"], env) if args.bf16 else None
         results[name] = {"ours": ours, "transformers": theirs}
+        if ours_bf16 is not None:
+            results[name]["ours_bf16"] = ours_bf16
         print(f"\n== {name} ({args.threads} threads) ==")
-        print(f"{'':38s} {'ours':>10s} {'transformers':>13s} {'ratio':>7s}")
+        print(f"{'':38s} {'ours':>10s} {'transformers':>13s} {'ratio':>7s}" +
+              (f" {'ours bf16':>10s} {'ratio':>7s}" if ours_bf16 else ""))
         for key, label in ROWS:
             a, b = ours.get(key), theirs.get(key)
             if a is None or b is None:
                 continue
+            c = ours_bf16.get(key) if ours_bf16 else None
             if key == "peak_rss_bytes":
                 a, b = a / 2**20, b / 2**20
-            print(f"{label:38s} {a:10.4g} {b:13.4g} {b / a:6.2f}x")
+                c = c / 2**20 if c is not None else None
+            line = f"{label:38s} {a:10.4g} {b:13.4g} {b / a:6.2f}x"
+            if c is not None:
+                line += f" {c:10.4g} {b / c:6.2f}x"
+            print(line)
         print(f"{'diffusion tokens/s (fixed steps)':38s} {ours['generate_tokens_per_second']:10.4g}")
         print(f"{'autoregressive tokens/s (ours)':38s} {ours['ar_tokens_per_second']:10.4g}   "
               f"diffusion/AR {ours['generate_tokens_per_second'] / ours['ar_tokens_per_second']:.2f}x")
-        budget = ours["weights_bytes"] + ours["kv_cache_bytes"] + 64 * 2**20
-        print(f"{'peak RSS vs weights + KV + 64 MiB':38s} {ours['peak_rss_bytes'] / 2**20:10.1f} MiB of "
-              f"{budget / 2**20:.1f} MiB budget")
-    meta = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
+        for label, res in (("fp32", ours), ("bf16", ours_bf16)):
+            if res is None or "generate_peak_rss_bytes" not in res:
+                continue
+            budget = res["weights_bytes"] + res["generate_kv_cache_bytes"] + 64 * 2**20
+            print(f"{'generation peak RSS, ' + label:38s} {res['generate_peak_rss_bytes'] / 2**20:10.1f} MiB; "
+                  f"weights + KV cache + 64 MiB = {budget / 2**20:.1f} MiB")
+    meta = {"machine": cpu_model(), "cores": os.cpu_count(), "threads": args.threads,
             "steps_per_canvas": args.steps}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
