@@ -47,42 +47,63 @@ def cpu_model():
 
 
 def svg_chart(results, path):
-    """Grouped bars: denoise step time per configuration, ours vs transformers; AR vs diffusion tok/s."""
+    """Left: denoise step time per configuration (log scale), ours fp32 / transformers / ours bf16.
+    Right: diffusion tokens/s (16 steps per canvas) over autoregressive tokens/s, same backbone."""
+    import math
     names = list(results)
-    w, h, pad = 720, 320, 60
+    w, h, top, bottom = 760, 340, 40, 80
+    plot_h = h - top - bottom
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
-             f'<text x="{w/4}" y="20" text-anchor="middle">denoise step (s), lower is better</text>',
-             f'<text x="{3*w/4}" y="20" text-anchor="middle">tokens/s, diffusion vs autoregressive (ours)</text>']
+             f'<rect width="{w}" height="{h}" fill="white"/>',
+             f'<text x="{w/4}" y="20" text-anchor="middle">denoise step (s, log scale), lower is better</text>',
+             f'<text x="{3*w/4}" y="20" text-anchor="middle">diffusion (16 steps) / autoregressive tokens/s</text>']
 
-    def bars(x0, series, labels, colors):
-        vmax = max(max(v for v in s if v is not None) for s in series) or 1
-        bw = (w / 2 - pad) / (len(names) * (len(series) + 1))
+    def legend(x0, labels, colors):
+        for j, (lab, col) in enumerate(zip(labels, colors)):
+            y = h - 50 + 15 * j
+            parts.append(f'<rect x="{x0 + 20}" y="{y - 9}" width="10" height="10" fill="{col}"/>')
+            parts.append(f'<text x="{x0 + 34}" y="{y}" font-size="11">{lab}</text>')
+
+    def bars(x0, series, colors, scale, fmt):
+        bw = (w / 2 - 40) / (len(names) * (len(series) + 1))
         for i, n in enumerate(names):
             for j, s in enumerate(series):
                 v = s[i]
                 if v is None:
                     continue
-                bh = (h - 2 * pad) * v / vmax
-                x = x0 + pad / 2 + (i * (len(series) + 1) + j) * bw
-                parts.append(f'<rect x="{x:.1f}" y="{h - pad - bh:.1f}" width="{bw:.1f}" height="{bh:.1f}" fill="{colors[j]}"/>')
-                parts.append(f'<text x="{x + bw/2:.1f}" y="{h - pad - bh - 3:.1f}" text-anchor="middle" font-size="9">{v:.3g}</text>')
-            xc = x0 + pad / 2 + (i * (len(series) + 1) + len(series) / 2) * bw
-            parts.append(f'<text x="{xc:.1f}" y="{h - pad + 15}" text-anchor="middle">{n}</text>')
-        for j, lab in enumerate(labels):
-            parts.append(f'<rect x="{x0 + pad/2}" y="{h - 25 + 0 * j}" width="10" height="10" fill="{colors[j]}" transform="translate({j*115},0)"/>')
-            parts.append(f'<text x="{x0 + pad/2 + 14 + j*115}" y="{h - 16}" font-size="10">{lab}</text>')
+                bh = max(1.0, plot_h * scale(v))
+                x = x0 + 20 + (i * (len(series) + 1) + j) * bw
+                parts.append(f'<rect x="{x:.1f}" y="{top + plot_h - bh:.1f}" width="{bw:.1f}" height="{bh:.1f}" fill="{colors[j]}"/>')
+                parts.append(f'<text x="{x + bw/2:.1f}" y="{top + plot_h - bh - 3:.1f}" text-anchor="middle" font-size="9">{fmt(v)}</text>')
+            xc = x0 + 20 + (i * (len(series) + 1) + len(series) / 2) * bw
+            parts.append(f'<text x="{xc:.1f}" y="{top + plot_h + 15}" text-anchor="middle">{n}</text>')
 
-    step_series = [[results[n]["ours"].get("step_seconds") for n in names],
-                   [results[n]["transformers"].get("step_seconds") for n in names]]
-    step_labels, step_colors = ["diffusion_gemma fp32", "transformers"], ["#1f77b4", "#ff7f0e"]
+    steps = [[results[n]["ours"].get("step_seconds") for n in names],
+             [results[n]["transformers"].get("step_seconds") for n in names]]
+    labels, colors = ["diffusion_gemma, fp32", "transformers (torch fp32)"], ["#1f77b4", "#ff7f0e"]
     if all("ours_bf16" in results[n] for n in names):
-        step_series.append([results[n]["ours_bf16"].get("step_seconds") for n in names])
-        step_labels.append("diffusion_gemma bf16 vocab")
-        step_colors.append("#17becf")
-    bars(0, step_series, step_labels, step_colors)
-    bars(w / 2, [[results[n]["ours"].get("generate_tokens_per_second") for n in names],
-                 [results[n]["ours"].get("ar_tokens_per_second") for n in names]],
-         ["diffusion (fixed steps)", "autoregressive"], ["#2ca02c", "#9467bd"])
+        steps.append([results[n]["ours_bf16"].get("step_seconds") for n in names])
+        labels.append("diffusion_gemma, bf16 vocabulary pass")
+        colors.append("#17becf")
+    vals = [v for s in steps for v in s if v]
+    lo, hi = math.log10(min(vals)) - 0.3, math.log10(max(vals)) + 0.1
+    bars(0, steps, colors, lambda v: (math.log10(v) - lo) / (hi - lo), lambda v: f"{v:.3g}")
+    legend(0, labels, colors)
+
+    ratios = [[results[n]["ours"]["generate_tokens_per_second"] / results[n]["ours"]["ar_tokens_per_second"]
+               for n in names]]
+    rlabels, rcolors = ["fp32"], ["#2ca02c"]
+    if all("ours_bf16" in results[n] for n in names):
+        ratios.append([results[n]["ours_bf16"]["generate_tokens_per_second"] /
+                       results[n]["ours_bf16"]["ar_tokens_per_second"] for n in names])
+        rlabels.append("bf16 vocabulary pass")
+        rcolors.append("#9467bd")
+    rmax = max(1.2, max(v for s in ratios for v in s) * 1.15)
+    bars(w / 2, ratios, rcolors, lambda v: v / rmax, lambda v: f"{v:.2f}x")
+    y1 = top + plot_h - plot_h / rmax
+    parts.append(f'<line x1="{w/2 + 10}" x2="{w - 10}" y1="{y1:.1f}" y2="{y1:.1f}" stroke="#888" stroke-dasharray="4,3"/>')
+    parts.append(f'<text x="{w - 12}" y="{y1 - 4:.1f}" text-anchor="end" font-size="10">1.0 = as fast as autoregressive</text>')
+    legend(w / 2, rlabels, rcolors)
     parts.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(parts) + "\n")
@@ -99,7 +120,11 @@ def main():
     ap.add_argument("--out", default=os.path.join(here, "results.json"))
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                     help="also run ours with --vocab-precision bf16")
+    ap.add_argument("--chart-only", action="store_true", help="redraw the chart from --out and exit")
     args = ap.parse_args()
+    if args.chart_only:
+        svg_chart(json.load(open(args.out))["results"], os.path.splitext(args.out)[0] + ".svg")
+        return
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
     results = {}
     for name in args.configs.split(","):
