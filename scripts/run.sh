@@ -12,6 +12,6 @@ cmake --build "$build" -j"$(nproc)" --target dgemma
 model="$root/models/dg-tiny-tasks"
 if [ "$#" -eq 0 ]; then
   # A task the bundled model was trained on; the view delay makes its fast denoising watchable.
-  set -- --chat --prompt "Sort ascending: 93 44 45 60 89 20 68" --view-delay 120
+  set -- --chat --prompt "Sort ascending: 93 44 60 89 20" --view-delay 120
 fi
 exec "$build/examples/dgemma" generate --model "$model" "$@"
