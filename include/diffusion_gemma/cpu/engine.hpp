@@ -237,7 +237,6 @@ class Engine {
     reserved_ = std::max(reserved_, T);
   }
 
-
   // One pass of T tokens at positions p0..p0+T-1 through every layer.
   // Encoder passes write their K/V to `write_to`; denoiser passes have none to write.
   void run_pass(AttentionMode mode, const std::int32_t* ids, std::int64_t T, const float* soft_embedding,
