@@ -101,8 +101,8 @@ def main():
     # the 2-point target is checked on the mean over all seeds of each side.
     mean_gap = seed_means(args.seeds_dir, ours.get(default), theirs.get(default), tasks)
     print(f"\ndefault sampler ({default} steps): tasks below 90%: {below or 'none'}; "
-          f"largest shortfall vs transformers {-worst_gap:.1f} points with seed 0 on both sides"
-          + (f", {-mean_gap:.1f} points on the seed means" if mean_gap is not None else "") + " (target <= 2)")
+          f"largest shortfall vs transformers {max(0.0, -worst_gap):.1f} points with seed 0 on both sides"
+          + (f", {max(0.0, -mean_gap):.1f} points on the seed means" if mean_gap is not None else "") + " (target <= 2)")
     print(f"wrote {args.svg}")
 
 

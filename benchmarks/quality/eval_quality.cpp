@@ -6,9 +6,11 @@
 //
 //   eval_quality --model models/dg-tiny-tasks --data tools/train/data/test.jsonl
 //                --out benchmarks/quality/dgemma_results.json [--steps 48,1,2,4,8,16] [--threads 2] [--seed 0]
+//                [--max-errors 3]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
   const std::string steps_arg = arg(argc, argv, "--steps", "48,1,2,4,8,16");
   const int threads = std::atoi(arg(argc, argv, "--threads", "2").c_str());
   const std::uint64_t seed = std::strtoull(arg(argc, argv, "--seed", "0").c_str(), nullptr, 10);
+  const int max_errors = std::atoi(arg(argc, argv, "--max-errors", "3").c_str());  // wrong answers kept per task
 
   auto model = dg::cpu::Model::load(dir);
   const auto tok = dg::io::Tokenizer::from_file(dir + "/tokenizer.json");
@@ -134,7 +137,7 @@ int main(int argc, char** argv) {
       a.tpf.push_back(g.tokens_per_forward);
       for (const auto& c : g.canvases) a.steps.push_back(c.steps);
       ++a.canvases[static_cast<int>(g.canvases.size())];
-      if (!ok && a.errors.size() < 3) a.errors.push_back({{"question", r.question}, {"answer", r.answer}, {"got", text}, {"stopped", stopped}});
+      if (!ok && static_cast<int>(a.errors.size()) < max_errors) a.errors.push_back({{"question", r.question}, {"answer", r.answer}, {"got", text}, {"stopped", stopped}});
     }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     Json setting;
