@@ -9,7 +9,7 @@ and the model's reply is `{answer}<turn|>`.
 
 Tasks (difficulty chosen so that a ~4M-parameter model reaches >= 90 % exact match after < 1 h of CPU
 training; see README.md):
-  sort     sort 3..6 distinct two-digit integers (10..99) ascending    ("Sort ascending: 42 17 19")
+  sort     sort 3..5 distinct two-digit integers (10..99) ascending    ("Sort ascending: 42 17 19")
   add      add two three-digit integers (100..999)                      ("Add: 482 + 913")
   reverse  reverse a comma-separated list of 3..8 words (24-word pool)   ("Reverse: red, cat, sun")
   sudoku   solve a 4x4 sudoku with 4..10 blanks (0 = blank), unique solution
@@ -76,7 +76,7 @@ def grid_str(cells) -> str:
 
 # ----------------------------------------------------------------------------- generators
 def gen_sort(rng: random.Random) -> tuple[str, str]:
-    n = rng.randint(3, 6)
+    n = rng.randint(3, 5)  # 3..6 was tried: the 6-number lists stayed at 54 % exact in the 60-minute budget
     xs = rng.sample(range(10, 100), n)
     return "Sort ascending: " + " ".join(map(str, xs)), " ".join(map(str, sorted(xs)))
 

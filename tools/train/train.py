@@ -17,10 +17,11 @@ Recipe (DiffusionGemma's published block-diffusion recipe, scaled down):
     vocabulary with probability t, t ~ U(1e-3, 1) per example;
   * loss: cross-entropy against the clean canvas over all 16 positions (answer, <turn|> and the filler);
   * self-conditioning, two-pass (Analog Bits), p = 0.5 per example: a first decoder pass without SC under
-    no_grad, then the trained pass gets the first pass's logits divided by a temperature T ~ U(0.4, 0.8)
+    no_grad, then the trained pass gets the first pass's logits divided by a temperature T ~ U(t_min, t_max)
     (per example) as `self_conditioning_logits`; rows not selected get `self_conditioning_mask=False`
     (zero SC signal, like step 1 of every canvas at inference). Dividing by T makes the training SC input
-    match inference, where the SC input is the previous step's temperature-scaled logits (T = 0.8..0.41);
+    match inference, where the SC input is the previous step's temperature-scaled logits (T from t_max down
+    to t_min of common.GENERATION_CONFIG, 1.0 -> 0.6);
   * batches mix tasks and canvas indices: 8 batches' worth of random instances are drawn, sorted by prefix
     length and cut into batches (little padding); prefixes are left-padded and explicit 4-D masks and
     per-row position ids make every row see exactly what batch-1 inference sees (common.PaddedPrefix;
@@ -57,7 +58,7 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-train", type=int, default=50000, help="train examples per task")
     ap.add_argument("--n-test", type=int, default=100, help="held-out examples per task")
-    ap.add_argument("--steps", type=int, default=5000)
+    ap.add_argument("--steps", type=int, default=4500)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
@@ -68,7 +69,7 @@ def parse_args():
                     help="noise level t = 1 - (1 - u)^k, u ~ U(eps, 1); k = 1 is uniform, k > 1 favours high noise")
     ap.add_argument("--data-dir", default=common.DATA_DIR)
     ap.add_argument("--qk-norm-init", default="scaled", choices=["ones", "scaled"])
-    ap.add_argument("--task-weights", default="sort=0.33,add=0.33,reverse=0.14,sudoku=0.2",
+    ap.add_argument("--task-weights", default="sort=0.36,add=0.34,reverse=0.08,sudoku=0.22",
                     help="sampling probability of each task's canvas instances (the hard tasks get more)")
     ap.add_argument("--noise-samples", type=int, default=1, help="noisy canvases per encoded prefix")
     ap.add_argument("--pool", type=int, default=8, help="batches drawn at once and grouped by prefix length")
@@ -169,6 +170,7 @@ def main():
     rng = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     W = cfg.text_config.sliding_window
+    t_lo, t_hi = common.GENERATION_CONFIG["t_min"], common.GENERATION_CONFIG["t_max"]
     log = {"args": vars(args), "params": params, "curve": []}
     run_loss, run_acc, run_n = 0.0, 0.0, 0
     queue: list = []
@@ -197,7 +199,7 @@ def main():
             if sc_mask.any():
                 with torch.no_grad():
                     first, _ = common.train_forward_padded(model, pp, noisy, cache=cache)
-                    temp = 0.4 + 0.4 * torch.rand(B, 1, 1, generator=gen)
+                    temp = t_lo + (t_hi - t_lo) * torch.rand(B, 1, 1, generator=gen)
                     sc_logits = first / temp
             logits, _ = common.train_forward_padded(model, pp, noisy, sc_logits=sc_logits,
                                                     sc_mask=sc_mask if sc_logits is not None else None, cache=cache)
