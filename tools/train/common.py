@@ -68,11 +68,11 @@ VISION_CONFIG = dict(  # save_pretrained always writes a vision tower; make it (
 )
 
 GENERATION_CONFIG = dict(
-    max_new_tokens=48,              # 3 canvases of 16; the longest answer + <turn|> is 24 tokens
+    max_new_tokens=48,              # 3 canvases of 16; the longest answer + <turn|> is 20 tokens (Sudoku)
     max_denoising_steps=48,
     sampler_config={"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.1},
     t_min=0.6,                      # warmer than the reference default (0.4 -> 0.8): more, smaller steps,
-    t_max=1.0,                      # measured +3..7 points on add and sudoku with the 5,000-step model
+    t_max=1.0,                      # measured +1..7 points on add and sudoku with the 5,000-step model
     stability_threshold=1,
     confidence_threshold=0.005,
     eos_token_id=[EOS_ID, EOT_ID, TOOL_RESPONSE_ID],
