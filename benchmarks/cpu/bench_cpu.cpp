@@ -8,9 +8,12 @@
 //   ar:       autoregressive decoding on the same backbone (tokens/s)
 //   peak_rss: the process's peak resident memory after load + the generation (run first), after
 //             everything, and the weights + KV cache they needed
+//   flops:    the model arithmetic of each row (visible attention keys only), the achieved GFLOP/s,
+//             and this CPU's peak for the precision, measured by our own loops (peak.hpp)
 //
 //   bench_cpu --model DIR [--threads N] [--repeats R] [--prompt 512] [--steps 16] [--canvases 2] [--ar-tokens 32]
-//             [--vocab-precision fp32|bf16] [--only step,commit,prefill,generate,ar]
+//             [--precision exact|fast] [--only step,commit,prefill,generate,ar]
+// The kernel family is the CPU's best, or DG_CPU_ISA's.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +28,8 @@
 #include <diffusion_gemma/cpu/engine.hpp>
 #include <diffusion_gemma/runtime/autoregressive.hpp>
 #include <diffusion_gemma/runtime/decoder.hpp>
+
+#include "peak.hpp"
 
 namespace dg = diffusion_gemma;
 using Engine = dg::cpu::Engine<dg::DiffusionGemmaBackbone>;
@@ -57,6 +62,33 @@ std::string arg(int argc, char** argv, const char* name, const std::string& fall
   return fallback;
 }
 
+// Model FLOPs of a pass over T tokens at positions p0.. (multiply-add = 2), counting the keys each
+// query sees (docs/model.md §5) and, for a denoising step, the self-conditioning MLP.
+double pass_flops(const dg::ModelConfig& c, std::int64_t T, std::int64_t p0, bool denoise, bool soft) {
+  const double H = c.hidden_size, I = c.intermediate_size, Hq = c.num_heads;
+  double f = 0.0;
+  for (const auto& s : c.layers) {
+    const double D = s.head_dim, kv = s.num_kv_heads * D;
+    f += 2.0 * T * H * (Hq * D + kv * (s.has_v_proj ? 2 : 1)) + 2.0 * T * Hq * D * H;  // q, k, v, o
+    f += 2.0 * T * 3.0 * H * I;                                                       // dense MLP
+    if (c.enable_moe_block) {
+      f += 2.0 * T * H * c.num_experts + 2.0 * T * c.top_k_experts * 3.0 * H * c.moe_intermediate_size;
+    }
+    double keys = 0.0;
+    for (std::int64_t i = 0; i < T; ++i) {
+      const std::int64_t q = p0 + i;
+      if (denoise) {
+        keys += static_cast<double>(T + (s.type == dg::LayerType::kFull ? p0 : std::min<std::int64_t>(p0, c.sliding_window - 1)));
+      } else {
+        keys += static_cast<double>(s.type == dg::LayerType::kFull ? q + 1 : std::min<std::int64_t>(q + 1, c.sliding_window));
+      }
+    }
+    f += 4.0 * Hq * D * keys;  // scores and values
+  }
+  if (denoise && soft) f += 2.0 * T * 3.0 * H * I;
+  return f;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,7 +104,11 @@ int main(int argc, char** argv) {
   const int canvases = std::atoi(arg(argc, argv, "--canvases", "2").c_str());
   const int ar_tokens = std::atoi(arg(argc, argv, "--ar-tokens", "32").c_str());
   const std::string only = arg(argc, argv, "--only", "");
-  const bool bf16 = arg(argc, argv, "--vocab-precision", "fp32") == "bf16";
+  dg::cpu::Precision precision = dg::cpu::EngineOptions{}.precision;
+  if (!dg::cpu::parse_precision(arg(argc, argv, "--precision", dg::cpu::precision_name(precision)), &precision)) {
+    std::fprintf(stderr, "--precision must be exact or fast\n");
+    return 2;
+  }
   const auto want = [&](const char* what) { return only.empty() || only.find(what) != std::string::npos; };
 
   double t = now();
@@ -83,15 +119,18 @@ int main(int argc, char** argv) {
   const std::int64_t H = cfg.hidden_size, V = cfg.vocab_size;
   dg::cpu::EngineOptions eo;
   eo.threads = threads;
-  if (bf16) eo.vocab_precision = dg::cpu::VocabPrecision::kBFloat16;
+  eo.precision = precision;
 
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(P)), canvas(static_cast<std::size_t>(C));
   for (int i = 0; i < P; ++i) prompt[i] = static_cast<std::int32_t>((i * 7919 + 17) % V);
   for (int i = 0; i < C; ++i) canvas[i] = static_cast<std::int32_t>((i * 104729 + 3) % V);
   nlohmann::ordered_json out;
   out["model"] = dir;
-  out["threads"] = dg::cpu::max_threads();
+  out["threads"] = dg::cpu::resolve_threads(threads);
   out["load_seconds"] = load_seconds;
+  out["cpu"] = dg::cpu::cpu_features().brand;
+  out["cpu_flags"] = dg::cpu::cpu_features().flags();
+  out["weights_dtype"] = dg::dtype_name(model->weight_dtype());
 
   if (want("generate")) {
     dg::Decoder<Engine, FixedSampler> decoder(model, eo);
@@ -109,7 +148,9 @@ int main(int argc, char** argv) {
     out["generate_peak_rss_bytes"] = static_cast<double>(peak_rss_kib()) * 1024.0;
   }
   Engine engine(model, eo);
-  out["vocab_precision"] = engine.vocab_pass_bf16() ? "bf16-amx" : "fp32";
+  out["isa"] = dg::cpu::isa_name(engine.kernels().isa);
+  out["precision"] = dg::cpu::precision_name(precision);
+  out["kernels"] = engine.kernels().path();
 
   auto cache = engine.make_cache(P + C);
   std::vector<double> prefill;
@@ -167,7 +208,23 @@ int main(int argc, char** argv) {
     out["ar_tokens"] = r.tokens.size();
     out["ar_tokens_per_second"] = static_cast<double>(r.tokens.size()) / (r.seconds - r.prefill_seconds);
   }
-  out["weights_bytes"] = static_cast<double>(model->parameter_bytes());
+  // Arithmetic per row against the measured peak of the precision the rows ran in.
+  const double peak = dg_bench::measured_peak_gflops(engine.kernels().isa, engine.kernels().bf16_tiles(),
+                                                     engine.kernels().threads);
+  out["peak_gflops"] = peak;
+  out["peak_kind"] = engine.kernels().bf16_tiles() ? "AMX-BF16 tile products" : "fp32 FMA";
+  const double vocab_flops = 4.0 * static_cast<double>(C) * static_cast<double>(V) * static_cast<double>(H);
+  const auto rate = [&](const char* key, double flops) {
+    if (!out.contains(std::string(key) + "_seconds")) return;
+    const double g = flops / out[std::string(key) + "_seconds"].get<double>() / 1e9;
+    out[std::string(key) + "_flops"] = flops;
+    out[std::string(key) + "_gflops"] = g;
+    if (peak > 0.0) out[std::string(key) + "_fraction_of_peak"] = g / peak;
+  };
+  rate("step", pass_flops(cfg, C, P, true, true) + vocab_flops);
+  rate("commit", pass_flops(cfg, C, P, false, false));
+  rate("prefill", pass_flops(cfg, P, 0, false, false));
+  out["weights_bytes"] = static_cast<double>(model->weight_bytes());
   out["kv_cache_bytes"] = static_cast<double>(dg::cpu::KvCache::bytes_for(cfg, P + C));
   out["generate_kv_cache_bytes"] = static_cast<double>(dg::cpu::KvCache::bytes_for(cfg, P + canvases * C));
   out["peak_rss_bytes"] = static_cast<double>(peak_rss_kib()) * 1024.0;

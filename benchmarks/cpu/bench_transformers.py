@@ -25,12 +25,16 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--canvases", type=int, default=2)
     ap.add_argument("--only", default="")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="torch dtype of the model (weights and activations)")
     args = ap.parse_args()
     want = lambda what: not args.only or what in args.only
     torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
     t = time.perf_counter()
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=torch.float32).eval()
-    out = {"model": args.model, "threads": torch.get_num_threads(), "load_seconds": time.perf_counter() - t}
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=dtype).eval()
+    out = {"model": args.model, "threads": torch.get_num_threads(), "dtype": args.dtype,
+           "load_seconds": time.perf_counter() - t}
     cfg = model.config
     V, C, P = cfg.text_config.vocab_size, cfg.canvas_length, args.prompt
     prompt = (torch.arange(P) * 7919 + 17).remainder(V).unsqueeze(0)
@@ -62,7 +66,7 @@ def main():
             dec_mask = torch.ones((1, P + C), dtype=torch.bool)
             masks = model.model.decoder.create_diffusion_decoder_attention_mask(
                 config=cfg, inputs_embeds=canvas.unsqueeze(-1), cache=cache, decoder_attention_mask=dec_mask)
-            sc = torch.full((1, C, V), 0.01)
+            sc = torch.full((1, C, V), 0.01, dtype=dtype)
             times = []
             for r in range(args.repeats + 1):
                 t = time.perf_counter()

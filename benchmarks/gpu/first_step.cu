@@ -114,7 +114,7 @@ ModelConfig synthetic_config(const std::string& name) {
     layers = 6;
     sliding_kv = 4;
     full_kv = 1;
-  } else if (name == "real") {  // Gemma 4 26B-A4B (MODEL.md §1.1)
+  } else if (name == "real") {  // Gemma 4 26B-A4B (docs/model.md §1.1)
     c.hidden_size = 2816;
     c.intermediate_size = 2112;
     c.num_heads = 16;

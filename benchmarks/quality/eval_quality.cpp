@@ -6,6 +6,7 @@
 //
 //   eval_quality --model models/dg-tiny-tasks --data tools/train/data/test.jsonl
 //                --out benchmarks/quality/dgemma_results.json [--steps 48,1,2,4,8,16] [--threads 2] [--seed 0]
+//                [--precision exact|fast]
 //                [--max-errors 3]
 #include <algorithm>
 #include <chrono>
@@ -57,11 +58,17 @@ int main(int argc, char** argv) {
   const int threads = std::atoi(arg(argc, argv, "--threads", "2").c_str());
   const std::uint64_t seed = std::strtoull(arg(argc, argv, "--seed", "0").c_str(), nullptr, 10);
   const int max_errors = std::atoi(arg(argc, argv, "--max-errors", "3").c_str());  // wrong answers kept per task
+  dg::cpu::Precision precision = dg::cpu::EngineOptions{}.precision;
+  if (!dg::cpu::parse_precision(arg(argc, argv, "--precision", dg::cpu::precision_name(precision)), &precision)) {
+    std::fprintf(stderr, "--precision must be exact or fast\n");
+    return 2;
+  }
 
   auto model = dg::cpu::Model::load(dir);
   const auto tok = dg::io::Tokenizer::from_file(dir + "/tokenizer.json");
   dg::cpu::EngineOptions eo;
   eo.threads = threads;
+  eo.precision = precision;
   dg::Decoder<dg::cpu::Engine<dg::DiffusionGemmaBackbone>> decoder(model, eo);
   const auto base = decoder.default_options(model->generation_config());
 
@@ -91,7 +98,9 @@ int main(int argc, char** argv) {
 
   Json results;
   results["model"] = dir;
-  results["implementation"] = "diffusion_gemma (CPU, fp32)";
+  results["implementation"] = "diffusion_gemma (CPU, " + decoder.engine().kernels().path() + ")";
+  results["precision"] = dg::cpu::precision_name(precision);
+  results["cpu"] = dg::cpu::cpu_features().brand;
   results["threads"] = dg::cpu::max_threads();
   results["seed"] = seed;
   results["canvas_length"] = model->config().canvas_length;

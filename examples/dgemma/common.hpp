@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <diffusion_gemma/cpu/engine.hpp>
 #include <diffusion_gemma/cpu/model.hpp>
 #include <diffusion_gemma/runtime/decoder.hpp>
 
@@ -20,7 +21,7 @@ using diffusion_gemma::GenerationConfig;
 
 inline bool stderr_is_terminal() { return ::isatty(2) == 1; }
 
-// Loads a checkpoint; on a terminal, a progress line while the weights are widened.
+// Loads a checkpoint; on a terminal, a progress line while the weights are read into memory.
 inline std::shared_ptr<const diffusion_gemma::cpu::Model> load_model(const std::string& dir, bool check_weights) {
   if (::access(dir.c_str(), F_OK) != 0) {
     throw diffusion_gemma::Error(diffusion_gemma::StatusCode::kNotFound, dir + ": model directory does not exist");
@@ -28,12 +29,32 @@ inline std::shared_ptr<const diffusion_gemma::cpu::Model> load_model(const std::
   diffusion_gemma::cpu::LoadProgress progress;
   if (stderr_is_terminal()) {
     progress = [](std::size_t done, std::size_t total) {
-      std::fprintf(stderr, "\rloading weights %zu/%zu", done, total);
+      std::fprintf(stderr, "\rloading weights %.0f/%.0f MiB", done / 1048576.0, total / 1048576.0);
       if (done == total) std::fprintf(stderr, "\r\033[K");
       std::fflush(stderr);
     };
   }
   return diffusion_gemma::cpu::Model::load(dir, progress, check_weights);
+}
+
+// Flags that choose how the CPU engine runs (threads, precision).
+inline std::vector<FlagSpec> engine_flag_specs(const char* default_precision) {
+  return {
+      {"threads", "N", "CPU threads (default: all)"},
+      {"precision", "P", std::string("exact (fp32 activations) or fast (bf16 products on AMX tiles where the CPU has "
+                                     "them); default ") + default_precision},
+  };
+}
+
+// EngineOptions from those flags; the kernel family comes from the CPU (or DG_CPU_ISA).
+inline diffusion_gemma::cpu::EngineOptions engine_options(const Flags& f, diffusion_gemma::cpu::Precision fallback) {
+  diffusion_gemma::cpu::EngineOptions eo;
+  eo.threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
+  eo.precision = fallback;
+  if (f.has("precision") && !diffusion_gemma::cpu::parse_precision(f.str("precision"), &eo.precision)) {
+    throw UsageError("--precision must be exact or fast (got '" + f.str("precision") + "')");
+  }
+  return eo;
 }
 
 inline std::vector<FlagSpec> sampler_flag_specs() {

@@ -194,11 +194,11 @@ int cmd_generate(const std::vector<std::string>& args) {
       {"view", "", "redraw the canvas in place as it denoises (default: on when stderr is a terminal)"},
       {"view-delay", "MS", "pause after each redraw of the view, to watch a fast model denoise (default 0)"},
       {"json", "", "print one JSON object instead of text"},
-      {"threads", "N", "CPU threads (default: all)"},
       {"memory-budget", "MIB", "refuse a request whose KV cache and workspace exceed this many MiB"},
       {"check-weights", "", "scan every weight for NaN/Inf at load"},
   };
   specs.insert(specs.begin(), own.begin(), own.end());
+  for (auto& spec : engine_flag_specs(dg::cpu::precision_name(dg::cpu::EngineOptions{}.precision))) specs.push_back(spec);
   Flags f("generate",
           "Generates text by block diffusion. Committed text streams out a canvas at a time; with --view the\n"
           "canvas is redrawn each step (accepted positions bright, re-noised dim). Ctrl-C stops cleanly.",
@@ -254,9 +254,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   apply_sampler_flags(f, cfg.vocab_size, o);
   o.sampler.rng.seed = static_cast<std::uint64_t>(f.integer("seed", 0, 0, INT64_MAX));
   o.memory_budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
-  dg::cpu::EngineOptions eo;
-  eo.threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
-  TextDecoder decoder(model, eo);
+  TextDecoder decoder(model, engine_options(f, dg::cpu::EngineOptions{}.precision));
   const auto plan = decoder.plan(static_cast<std::int64_t>(prompt.size()), o);  // refuse before any work
 
   const bool json = f.flag("json");

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // dgemma info, tokenize and detokenize.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -8,10 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <diffusion_gemma/cpu/engine.hpp>
+#include <diffusion_gemma/cpu/isa.hpp>
 #include <diffusion_gemma/cpu/kv_cache.hpp>
 #include <diffusion_gemma/io/config.hpp>
 #include <diffusion_gemma/io/safetensors.hpp>
 #include <diffusion_gemma/io/tokenizer.hpp>
+#include <diffusion_gemma/model/weights.hpp>
 #include <diffusion_gemma/io/utf8.hpp>
 
 #include "commands.hpp"
@@ -24,29 +29,22 @@ namespace dg = diffusion_gemma;
 namespace {
 
 struct ParamCounts {
-  double total = 0, active = 0, experts = 0, embeddings = 0;
+  double total = 0, active = 0, experts = 0;
 };
 
-// Parameter counts from the config alone (no weights read): total, and active per token
-// (every parameter except the experts a token is not routed to).
+// Parameter counts from the config alone (no weights read), over model/weights.hpp's one list of
+// tensors: total, and active per token (all but the experts a token is not routed to).
 ParamCounts count_params(const dg::ModelConfig& c) {
   ParamCounts p;
-  const double H = c.hidden_size, I = c.intermediate_size, V = static_cast<double>(c.vocab_size);
-  p.embeddings = V * H;
-  double rest = H;  // final norm
-  for (const auto& s : c.layers) {
-    const double D = s.head_dim, q = c.num_heads * D, kv = s.num_kv_heads * D;
-    rest += H * q + H * kv * (s.has_v_proj ? 2 : 1) + q * H + 2 * D;  // q, k, (v), o, q/k norms
-    rest += 3 * H * I + 1;                                            // dense MLP, layer_scalar
-    rest += c.enable_moe_block ? 7 * H : 4 * H;                       // layer norms
-    if (c.enable_moe_block) {
-      rest += c.num_experts * H + H + c.num_experts;  // router
-      p.experts += static_cast<double>(c.num_experts) * 3.0 * H * c.moe_intermediate_size;
-    }
-  }
-  if (c.is_diffusion()) rest += H + 3 * H * I;  // self-conditioning MLP
-  p.total = p.embeddings + rest + p.experts;
-  p.active = p.total - p.experts * (1.0 - (c.enable_moe_block ? static_cast<double>(c.top_k_experts) / c.num_experts : 0.0));
+  dg::ModelWeights shapes;
+  shapes.layers.resize(c.layers.size());
+  dg::for_each_parameter(c, shapes, [&](const dg::ParamSpec& s, dg::Weight&) {
+    const double n = static_cast<double>(s.shape.numel());
+    p.total += n;
+    if (s.param == dg::Param::kExpertsGateUp || s.param == dg::Param::kExpertsDown) p.experts += n;
+  });
+  const double routed = c.enable_moe_block ? static_cast<double>(c.top_k_experts) / c.num_experts : 0.0;
+  p.active = p.total - p.experts * (1.0 - routed);
   return p;
 }
 
@@ -77,8 +75,14 @@ std::string human_count(double n) {
 }  // namespace
 
 int cmd_info(const std::vector<std::string>& args) {
-  Flags f("info", "Summarises a checkpoint: config, parameter counts, memory for weights and KV cache.",
-          {{"model", "DIR", "checkpoint directory (default: the bundled model)"}, {"json", "", "print JSON"}});
+  Flags f("info",
+          "Summarises a checkpoint: config, parameter counts, the CPU kernels this machine runs, and the\n"
+          "memory a generation needs. config.json alone is enough (weight files are optional).",
+          {{"model", "DIR", "checkpoint directory (default: the bundled model)"},
+           {"prompt-tokens", "N", "prompt length for the memory estimate (default 1024)"},
+           {"max-new-tokens", "N", "new tokens for the memory estimate (default: generation_config.json)"},
+           {"threads", "N", "CPU threads for the workspace estimate (default: all)"},
+           {"json", "", "print JSON"}});
   if (!f.parse(args)) {
     std::cout << f.usage();
     return 0;
@@ -87,10 +91,33 @@ int cmd_info(const std::vector<std::string>& args) {
   if (::access(dir.c_str(), F_OK) != 0) throw dg::Error(dg::StatusCode::kNotFound, dir + ": model directory does not exist");
   const dg::ModelConfig c = dg::io::load_model_config(dir);
   const dg::GenerationConfig g = dg::io::load_generation_config(dir);
-  const dg::io::Checkpoint ckpt(dir);
-  double stored = 0;
-  for (const auto& n : ckpt.names()) stored += static_cast<double>(ckpt.find(n)->tensor.nbytes);
   const ParamCounts p = count_params(c);
+
+  // Weights: the files when present (the CPU back-end uses them in place), else the config's dtype.
+  double stored = 0;
+  std::size_t files = 0;
+  const bool has_weights = ::access((dir + "/model.safetensors").c_str(), F_OK) == 0 ||
+                           ::access((dir + "/model.safetensors.index.json").c_str(), F_OK) == 0;
+  if (has_weights) {
+    const dg::io::Checkpoint ckpt(dir);
+    for (const auto& n : ckpt.names()) stored += static_cast<double>(ckpt.find(n)->tensor.nbytes);
+    files = ckpt.num_shards();
+  }
+  const dg::DType config_dtype = c.dtype == dg::DType::kSentinel ? dg::DType::kBF16 : c.dtype;
+  const double weight_bytes = has_weights ? stored : p.total * static_cast<double>(dg::dtype_size(config_dtype));
+
+  // A generation: prompt + whole canvases, the KV cache for all of it, the engine's workspace.
+  const std::int64_t prompt = f.integer("prompt-tokens", 1024, 1, c.max_position_embeddings);
+  const std::int64_t new_tokens = f.integer("max-new-tokens", g.max_new_tokens, 1, c.max_position_embeddings);
+  const std::int64_t C = c.is_diffusion() ? c.canvas_length : 1;
+  const std::int64_t capacity = prompt + (new_tokens + C - 1) / C * C;
+  const int threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
+  const double kv = static_cast<double>(dg::cpu::KvCache::bytes_for(c, capacity));
+  const double request = static_cast<double>(
+      dg::cpu::Engine<dg::DiffusionGemmaBackbone>::request_bytes(c, capacity, std::max<std::int64_t>(256, C), threads));
+  const double workspace = request - kv;
+  const double total = weight_bytes + request;
+
   double kv_bf16 = 0;
   int sliding = 0, full = 0;
   for (const auto& s : c.layers) {
@@ -98,6 +125,11 @@ int cmd_info(const std::vector<std::string>& args) {
     (s.type == dg::LayerType::kFull ? full : sliding)++;
   }
   const double kv_cpu = static_cast<double>(dg::cpu::KvCache::bytes_for(c, 1024));
+  const auto& cpu = dg::cpu::cpu_features();
+  const dg::cpu::Isa isa = dg::cpu::default_isa();
+  dg::cpu::KernelContext kc;
+  kc.isa = isa;
+  kc.precision = dg::cpu::EngineOptions{}.precision;
   if (f.flag("json")) {
     nlohmann::ordered_json j = {{"model", dir},
                                 {"family", c.is_diffusion() ? "diffusion_gemma" : "gemma4_text"},
@@ -111,8 +143,18 @@ int cmd_info(const std::vector<std::string>& args) {
                                 {"canvas_length", c.canvas_length},
                                 {"parameters_total", p.total},
                                 {"parameters_active_per_token", p.active},
+                                {"weights_present", has_weights},
                                 {"checkpoint_bytes", stored},
-                                {"cpu_weight_bytes_fp32", p.total * 4},
+                                {"weight_bytes", weight_bytes},
+                                {"cpu", cpu.brand},
+                                {"cpu_flags", cpu.flags()},
+                                {"cpu_isa", dg::cpu::isa_name(isa)},
+                                {"cpu_kernels", kc.path()},
+                                {"generation_prompt_tokens", prompt},
+                                {"generation_new_tokens", new_tokens},
+                                {"generation_kv_cache_bytes", kv},
+                                {"generation_workspace_bytes", workspace},
+                                {"generation_memory_bytes", total},
                                 {"kv_cache_bytes_per_1k_tokens_bf16", kv_bf16},
                                 {"kv_cache_bytes_per_1k_tokens_cpu_fp32", kv_cpu}};
     std::cout << j.dump(1) << "\n";
@@ -130,11 +172,21 @@ int cmd_info(const std::vector<std::string>& args) {
                 g.max_denoising_steps, g.entropy_bound, g.t_max, g.t_min);
   }
   std::printf("parameters       %s total, %s active per token\n", human_count(p.total).c_str(), human_count(p.active).c_str());
-  std::printf("weights          %s in the checkpoint (%zu file%s); %s as fp32 on the CPU back-end\n",
-              human_bytes(stored).c_str(), ckpt.num_shards(), ckpt.num_shards() == 1 ? "" : "s",
-              human_bytes(p.total * 4).c_str());
-  std::printf("KV cache         %s per 1k tokens in bf16; %s in the CPU back-end's fp32\n", human_bytes(kv_bf16).c_str(),
-              human_bytes(kv_cpu).c_str());
+  if (has_weights) {
+    std::printf("weights          %s in %zu file%s, used in place (memory-mapped, not copied)\n",
+                human_bytes(stored).c_str(), files, files == 1 ? "" : "s");
+  } else {
+    std::printf("weights          no weight files: %s as %s (%s by config.json)\n", human_bytes(weight_bytes).c_str(),
+                dg::dtype_name(config_dtype), c.dtype == dg::DType::kSentinel ? "not stated, assumed" : "stated");
+  }
+  std::printf("KV cache         %s per 1k tokens in the CPU back-end (fp32); %s in bf16\n", human_bytes(kv_cpu).c_str(),
+              human_bytes(kv_bf16).c_str());
+  std::printf("generation       %lld-token prompt + %lld new tokens: %s = weights %s + KV cache %s + workspace %s\n",
+              static_cast<long long>(prompt), static_cast<long long>(new_tokens), human_bytes(total).c_str(),
+              human_bytes(weight_bytes).c_str(), human_bytes(kv).c_str(), human_bytes(workspace).c_str());
+  std::printf("cpu              %s\n", cpu.brand.empty() ? "(unknown)" : cpu.brand.c_str());
+  std::printf("cpu flags        %s\n", cpu.flags().c_str());
+  std::printf("cpu kernels      %s%s\n", kc.path().c_str(), std::getenv("DG_CPU_ISA") ? " (DG_CPU_ISA)" : "");
   return 0;
 }
 

@@ -50,7 +50,8 @@ int cmd_parity(const std::vector<std::string>& args) {
            {"sc-logits", "FILE", "safetensors with F32 sc_logits [C, V]: previous step's temperature-scaled logits"},
            {"out", "FILE", "output safetensors file"},
            {"check-weights", "", "scan every weight for NaN/Inf at load"},
-           {"threads", "N", "CPU threads (default: all)"}});
+           {"threads", "N", "CPU threads (default: all)"},
+           {"precision", "P", "exact (default: the parity contract) or fast"}});
   if (!f.parse(args)) {
     std::cout << f.usage();
     return 0;
@@ -63,8 +64,7 @@ int cmd_parity(const std::vector<std::string>& args) {
   if (f.has("sc-logits") && !has_canvas) throw UsageError("--sc-logits needs --canvas-ids");
   if (has_canvas && !cfg.is_diffusion()) throw UsageError("--canvas-ids needs a DiffusionGemma checkpoint");
   const auto canvas = has_canvas ? as_ids(f.integers("canvas-ids", 0, cfg.vocab_size - 1)) : std::vector<std::int32_t>{};
-  dg::cpu::EngineOptions eo;
-  eo.threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
+  const dg::cpu::EngineOptions eo = engine_options(f, dg::cpu::Precision::kExact);
   const std::int64_t P = static_cast<std::int64_t>(prompt.size()), C = static_cast<std::int64_t>(canvas.size());
   const std::int64_t V = cfg.vocab_size, H = cfg.hidden_size;
   if (P + C > cfg.max_position_embeddings) {
@@ -105,7 +105,7 @@ int cmd_replay(const std::vector<std::string>& args) {
   auto specs = sampler_flag_specs();
   specs.insert(specs.begin(), {{"model", "DIR", "DiffusionGemma checkpoint directory"},
                                {"draws", "FILE", "draws file recorded from transformers (tools/reference)"}});
-  specs.push_back({"threads", "N", "CPU threads (default: all)"});
+  for (auto& spec : engine_flag_specs("exact (replay parity holds in exact)")) specs.push_back(spec);
   Flags f("replay",
           "Generates with the random draws recorded from transformers' generate() instead of our own\n"
           "RNG and prints {\"tokens\": [...], \"steps\": [...], \"stop\": [...]}.",
@@ -122,9 +122,7 @@ int cmd_replay(const std::vector<std::string>& args) {
   auto o = ReplayDecoder::default_options(model->generation_config());
   apply_sampler_flags(f, cfg.vocab_size, o);
   o.sampler.rng.draws = draws.draws;
-  dg::cpu::EngineOptions eo;
-  eo.threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
-  ReplayDecoder decoder(model, eo);
+  ReplayDecoder decoder(model, engine_options(f, dg::cpu::Precision::kExact));
   const auto r = decoder.generate(draws.prompt_ids, o);
   nlohmann::json j;
   j["tokens"] = r.tokens;

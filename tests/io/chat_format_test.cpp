@@ -51,7 +51,7 @@ TEST_CASE("golden: render_chat equals the Jinja rendering, encode_chat the Pytho
   }
 }
 
-TEST_CASE("chat format follows spec/MODEL.md section 9", "[io][chat]") {
+TEST_CASE("chat format follows docs/model.md §8.3", "[io][chat]") {
   const std::vector<ChatMessage> conv = {
       {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
   CHECK(io::render_chat(conv) ==

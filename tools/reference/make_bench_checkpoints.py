@@ -3,10 +3,12 @@
 """Random-weight DiffusionGemma checkpoints for the CPU benchmarks (not committed: hundreds of MB).
 
     tools/reference/.venv/bin/python tools/reference/make_bench_checkpoints.py --out /tmp/dg_bench [--only small]
+        [--dtype bfloat16|float32]
 
-Configurations (benchmarks/cpu/README.md): "small" (hidden 512, 4 layers, 16 experts top-4,
+Configurations (docs/performance.md): "small" (hidden 512, 4 layers, 16 experts top-4,
 vocabulary 262144, canvas 256) and "medium" (hidden 1024, 8 layers, 32 experts top-8, vocabulary
-262144, canvas 256). Written in fp32 with save_pretrained, so both implementations read the same file.
+262144, canvas 256). Written with save_pretrained in BF16 by default, the dtype of the released
+checkpoint, into OUT/NAME (OUT/NAME-f32 with --dtype float32); both implementations read the same file.
 """
 import argparse
 import math
@@ -33,7 +35,7 @@ CONFIGS = {
 }
 
 
-def build(name, out_root, seed=5):
+def build(name, out_root, dtype="bfloat16", seed=5):
     cfg = DiffusionGemmaConfig(text_config=dict(CONFIGS[name]), vision_config=TINY_VISION, canvas_length=256)
     torch.manual_seed(seed)
     model = DiffusionGemmaForBlockDiffusion(cfg).eval()
@@ -45,9 +47,9 @@ def build(name, out_root, seed=5):
                 p.uniform_(0.6, 1.4)
             else:
                 p.normal_(0.0, (1.0 if "embed_tokens" in n else 0.5) / math.sqrt(p.shape[-1]))
-    out = os.path.join(out_root, name)
+    out = os.path.join(out_root, name if dtype == "bfloat16" else name + "-f32")
     shutil.rmtree(out, ignore_errors=True)
-    model.save_pretrained(out)
+    model.to(getattr(torch, dtype)).save_pretrained(out)
     print(f"wrote {out}")
 
 
@@ -55,10 +57,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="/tmp/dg_bench")
     ap.add_argument("--only", default=None)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     args = ap.parse_args()
     for name in CONFIGS:
         if args.only is None or args.only == name:
-            build(name, args.out)
+            build(name, args.out, args.dtype)
 
 
 if __name__ == "__main__":

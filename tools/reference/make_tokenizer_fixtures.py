@@ -40,7 +40,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 SEED = 20240611
 
 # ---- special tokens --------------------------------------------------------------------------------------------
-# Ids 0-4, 50, 105 and 106 are Gemma 4's (spec/MODEL.md section 9); the other control tokens sit in free slots of
+# Ids 0-4, 50, 105 and 106 are Gemma 4's (docs/model.md §8.1); the other control tokens sit in free slots of
 # the same range (their real ids are not needed by the tests) and the rest of 0..106 is <unusedN>.
 GEMMA_SPECIALS = {
     0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 4: "<mask>",

@@ -7,7 +7,7 @@ canvas (always longer than the sliding window); some prompts are themselves long
 
 The risk: at inference the prompt is encoded into a DynamicCache whose sliding-window layers keep only
 the last sliding_window - 1 tokens, and every committed canvas is re-encoded in a separate encoder call;
-the denoiser then sees, on sliding layers, only those cached tokens (MODEL.md §5.2). A training forward
+the denoiser then sees, on sliding layers, only those cached tokens (docs/model.md §5.2, §6.2). A training forward
 that shows the denoiser the whole prefix on sliding layers would train a different function.
 
 What this script does (float64 for the random-init model, float32 for the trained one; see main()):

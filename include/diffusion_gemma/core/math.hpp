@@ -7,22 +7,82 @@
 #include <cmath>
 #include <cstdint>
 
+#include <diffusion_gemma/core/bit_cast.hpp>
 #include <diffusion_gemma/core/macros.hpp>
 
 namespace diffusion_gemma::math {
 
 DG_HOST_DEVICE float neg_infinity() { return -INFINITY; }
 
-// GELU, tanh approximation (`gelu_pytorch_tanh`): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+// exp(x) built from fused multiply-adds, written so that the CPU's vector kernels
+// (cpu/simd/vector_math.inl) reproduce it bit for bit, lane by lane, and CUDA computes it the same
+// way: n = rint(x log2 e); r = x - n ln2 in two parts (Cody-Waite); e^r by its Taylor series to
+// degree 7 (truncation below 1e-8 relative on |r| <= ln2/2); times 2^n assembled in the exponent
+// bits. Within 2 ulp of expf on [-87.3, 88.3]; results below FLT_MIN flush to 0 and x above
+// 88.376 (where 2^n would need exponent 128) gives +inf. NaN stays NaN.
+namespace exp_detail {
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;        // ln 2 = kLn2Hi + kLn2Lo, kLn2Hi exact in 9 bits
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kMaxArg = 88.3762626647949f;  // n = 127 at most
+constexpr float kMinArg = -87.3365478515625f; // n = -126 at least: normal results only
+// 1/k! for k = 7 .. 2, highest degree first (Horner).
+constexpr float kC7 = 1.98412698e-4f, kC6 = 1.38888889e-3f, kC5 = 8.33333333e-3f;
+constexpr float kC4 = 4.16666667e-2f, kC3 = 1.66666667e-1f, kC2 = 0.5f;
+}  // namespace exp_detail
+
+DG_HOST_DEVICE float exp_approx(float x) {
+  using namespace exp_detail;
+  if (!(x == x)) return x;
+  if (x >= kMaxArg) return INFINITY;
+  if (x <= kMinArg) return 0.0f;
+  const float n = rintf(x * kLog2e);
+  float r = fmaf(-n, kLn2Hi, x);
+  r = fmaf(-n, kLn2Lo, r);
+  float p = kC7;
+  p = fmaf(p, r, kC6);
+  p = fmaf(p, r, kC5);
+  p = fmaf(p, r, kC4);
+  p = fmaf(p, r, kC3);
+  p = fmaf(p, r, kC2);
+  p = fmaf(p, r, 1.0f);
+  p = fmaf(p, r, 1.0f);
+  const float scale = bits_to_float(static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23);
+  return p * scale;
+}
+
+// tanh from exp_approx: an odd Taylor polynomial below |y| = 0.25 (where 1 - 2/(e^2y + 1) would
+// cancel), 1 - 2/(e^2|y| + 1) with the sign of y above. Within a few ulp of tanhf.
+namespace tanh_detail {
+constexpr float kSmall = 0.25f;
+constexpr float kT9 = 62.0f / 2835.0f, kT7 = -17.0f / 315.0f, kT5 = 2.0f / 15.0f, kT3 = -1.0f / 3.0f;
+}  // namespace tanh_detail
+
+DG_HOST_DEVICE float tanh_approx(float y) {
+  using namespace tanh_detail;
+  const float a = fabsf(y);
+  if (a < kSmall) {
+    const float y2 = y * y;
+    float p = fmaf(kT9, y2, kT7);
+    p = fmaf(p, y2, kT5);
+    p = fmaf(p, y2, kT3);
+    return fmaf(p * y2, y, y);
+  }
+  const float t = 1.0f - 2.0f / (exp_approx(2.0f * a) + 1.0f);
+  return y < 0.0f ? -t : t;
+}
+
+// GELU, tanh approximation (`gelu_pytorch_tanh`): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715
+// x^3), computed as the identical x / (1 + e^(-2u)): one exp and one divide, no cancellation.
 DG_HOST_DEVICE float gelu_tanh(float x) {
   const float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
   const float kKappa = 0.044715f;
   const float inner = kBeta * (x + kKappa * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(inner));
+  return x / (1.0f + exp_approx(-2.0f * inner));
 }
 
 // Final-logit softcap, fp32 as DiffusionGemma's head computes it: cap * tanh(x / cap).
-DG_HOST_DEVICE float softcap(float x, float cap) { return cap > 0.0f ? cap * tanhf(x / cap) : x; }
+DG_HOST_DEVICE float softcap(float x, float cap) { return cap > 0.0f ? cap * tanh_approx(x / cap) : x; }
 
 // RMSNorm scale for a row whose squares sum to `sum_squares` (Gemma 4: plain weight, no 1 + w;
 // transformers uses pow(mean + eps, -0.5)).

@@ -36,6 +36,15 @@ class KvCache {
     return b;
   }
 
+  // Whether this cache has the layer shapes of `cfg` (an engine refuses a cache made for another model).
+  bool matches(const ModelConfig& cfg) const {
+    if (layers_.size() != cfg.layers.size()) return false;
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+      if (layers_[l].kv_heads != cfg.layers[l].num_kv_heads || layers_[l].head_dim != cfg.layers[l].head_dim) return false;
+    }
+    return true;
+  }
+
   std::int64_t length() const { return length_; }
   std::int64_t capacity() const { return capacity_; }
   // Forgets positions >= n (for example to re-run a commit); never grows.

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Thread control for the CPU back-end. Work is split into pieces whose boundaries never depend on
-// the thread count, so results are bitwise identical with 1, 2 or 16 threads.
+// the thread count, so results are bitwise identical with 1, 2 or 16 threads. The thread count is
+// passed to each parallel region (OpenMP's num_threads clause); nothing here changes process-wide
+// state.
 #pragma once
 
 #include <cstdint>
@@ -11,21 +13,17 @@
 
 namespace diffusion_gemma::cpu {
 
-inline int max_threads() {
+// Threads a region gets for a requested count (0: the OpenMP default, OMP_NUM_THREADS or cores).
+inline int resolve_threads(int requested) {
 #if defined(_OPENMP)
-  return omp_get_max_threads();
+  return requested > 0 ? requested : omp_get_max_threads();
 #else
+  (void)requested;
   return 1;
 #endif
 }
 
-inline void set_threads(int n) {
-#if defined(_OPENMP)
-  if (n > 0) omp_set_num_threads(n);
-#else
-  (void)n;
-#endif
-}
+inline int max_threads() { return resolve_threads(0); }
 
 inline int thread_index() {
 #if defined(_OPENMP)
@@ -35,18 +33,20 @@ inline int thread_index() {
 #endif
 }
 
-// Runs f(i) for i in [0, n) across threads; each i is independent. Inside a parallel region it
-// runs serially: the outer loop already owns the threads.
+// Runs f(i) for i in [0, n) on up to `threads` threads (0: the default); each i is independent.
+// Inside a parallel region it runs serially: the outer loop already owns the threads.
 template <class F>
-void parallel_for(std::int64_t n, F&& f) {
+void parallel_for(std::int64_t n, F&& f, int threads = 0) {
 #if defined(_OPENMP)
-  if (n <= 1 || omp_in_parallel()) {
+  const int t = resolve_threads(threads);
+  if (n <= 1 || t <= 1 || omp_in_parallel()) {
     for (std::int64_t i = 0; i < n; ++i) f(i);
     return;
   }
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(t)
   for (std::int64_t i = 0; i < n; ++i) f(i);
 #else
+  (void)threads;
   for (std::int64_t i = 0; i < n; ++i) f(i);
 #endif
 }

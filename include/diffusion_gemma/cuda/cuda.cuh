@@ -5,7 +5,7 @@
 //   auto model = diffusion_gemma::cuda::Model::create(config, weights);          // BF16 by default
 //   diffusion_gemma::Decoder<diffusion_gemma::cuda::Engine<diffusion_gemma::DiffusionGemmaBackbone>> decoder(model);
 //
-// Layers (STYLE.md §6): device/ inline device functions, kernel/ thin __global__ templates,
+// Layers (docs/design.md, Layout): device/ inline device functions, kernel/ thin __global__ templates,
 // launch/ host launchers (caller's stream and workspace, no allocation, no synchronisation),
 // runtime.hpp host RAII, model.hpp / kv_cache.hpp / engine.cuh the back-end's objects.
 #pragma once

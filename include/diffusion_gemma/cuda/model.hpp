@@ -6,9 +6,9 @@
 // Projections that read the same input are fused at upload: q|k|v rows, dense gate|up and the
 // self-conditioning gate|up, so each is one GEMM.
 //
-// Built from host views of the weights (model/weights.hpp): a checkpoint bound with
-// io::bind_weights, or a loaded cpu::Model's fp32 tensors; cuda/ never includes io/ or cpu/, the
-// caller does the loading. Host code only: compiles without nvcc.
+// Built from host views of the weights (model/weights.hpp), as io::load_checkpoint binds them; the
+// tensors are walked with for_each_parameter, the one list of a backbone's tensors. cuda/ never
+// includes io/ or cpu/: the caller does the loading. Host code only: compiles without nvcc.
 #pragma once
 
 #include <algorithm>
@@ -73,7 +73,7 @@ class Model {
                                              GenerationConfig generation = {}) {
     auto m = std::shared_ptr<Model>(new Model(cfg, opts, std::move(generation)));
     const DType src = w.embed_tokens.empty() ? opts.dtype : w.embed_tokens.dtype;
-    m->embed_scale_ = opts.embed_scale > 0.0f ? opts.embed_scale : default_embed_scale(cfg, src);
+    m->embed_scale_ = opts.embed_scale > 0.0f ? opts.embed_scale : embedding_scale(cfg.hidden_size, src);
     m->upload(w);
     return m;
   }
@@ -82,7 +82,7 @@ class Model {
   // values (launch_fill_uniform) so that no checkpoint and no host copy are needed.
   static std::shared_ptr<Model> uninitialized(const ModelConfig& cfg, ModelOptions opts = {}) {
     auto m = std::shared_ptr<Model>(new Model(cfg, opts, GenerationConfig{}));
-    m->embed_scale_ = opts.embed_scale > 0.0f ? opts.embed_scale : default_embed_scale(cfg, opts.dtype);
+    m->embed_scale_ = opts.embed_scale > 0.0f ? opts.embed_scale : embedding_scale(cfg.hidden_size, opts.dtype);
     return m;
   }
 
@@ -91,6 +91,9 @@ class Model {
     Model m(cfg, dtype);
     return m.arena_bytes_;
   }
+
+  Model(const Model&) = delete;  // placed_ points into this object
+  Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   const GenerationConfig& generation_config() const { return generation_; }
@@ -115,52 +118,11 @@ class Model {
     return t.empty() ? nullptr : reinterpret_cast<T*>(arena_.data() + t.offset);
   }
 
-  // Calls f(name, ref, is_vector) for every parameter (vectors: norms and scales, F32).
+  // Calls f(name, ref, is_vector) for every device tensor (vectors: norms and scales, F32; fused
+  // matrices under their fused names, e.g. "layers.3.qkv").
   template <class F>
   void for_each_parameter(F&& f) const {
-    using Entry = std::pair<const char*, const TensorRef*>;
-    f(std::string("embed_tokens"), embed_, false);
-    f(std::string("norm"), final_norm_, true);
-    for (std::size_t l = 0; l < layers_.size(); ++l) {
-      const DeviceLayer& L = layers_[l];
-      const std::string p = "layers." + std::to_string(l) + ".";
-      const Entry matrices[] = {{"qkv", &L.qkv},
-                                {"o_proj", &L.o_proj},
-                                {"mlp.gate_up", &L.mlp_gate_up},
-                                {"mlp.down", &L.mlp_down},
-                                {"router.proj", &L.router_proj},
-                                {"experts.gate_up", &L.experts_gate_up},
-                                {"experts.down", &L.experts_down}};
-      const Entry vectors[] = {{"q_norm", &L.q_norm},
-                               {"k_norm", &L.k_norm},
-                               {"input_layernorm", &L.input_layernorm},
-                               {"post_attention_layernorm", &L.post_attention_layernorm},
-                               {"pre_feedforward_layernorm", &L.pre_feedforward_layernorm},
-                               {"post_feedforward_layernorm", &L.post_feedforward_layernorm},
-                               {"post_feedforward_layernorm_1", &L.post_feedforward_layernorm_1},
-                               {"pre_feedforward_layernorm_2", &L.pre_feedforward_layernorm_2},
-                               {"post_feedforward_layernorm_2", &L.post_feedforward_layernorm_2},
-                               {"router.scale", &L.router_scale},
-                               {"router.per_expert_scale", &L.router_per_expert_scale}};
-      for (const Entry& e : matrices) {
-        if (!e.second->empty()) f(p + e.first, *e.second, false);
-      }
-      for (const Entry& e : vectors) {
-        if (!e.second->empty()) f(p + e.first, *e.second, true);
-      }
-    }
-    if (has_self_conditioning()) {
-      f(std::string("self_conditioning.pre_norm"), sc_pre_norm_, true);
-      f(std::string("self_conditioning.gate_up"), sc_gate_up_, false);
-      f(std::string("self_conditioning.down"), sc_down_, false);
-    }
-  }
-
-  static float default_embed_scale(const ModelConfig& cfg, DType weights) {
-    const float root = std::sqrt(static_cast<float>(cfg.hidden_size));
-    return weights == DType::kBF16 ? round_to_bfloat16(root)
-           : weights == DType::kF16 ? float16::from_float(root).to_float()
-                                    : root;
+    for (const Placed& p : placed_) f(p.name, *p.ref, p.is_vector);
   }
 
  private:
@@ -190,51 +152,57 @@ class Model {
     return t;
   }
 
+  // Places every tensor of the one list (model/weights.hpp) in the arena; the projections that
+  // read the same input get one fused destination each, placed at their first member.
   void plan() {
-    const std::int64_t H = cfg_.hidden_size, V = cfg_.vocab_size, I = cfg_.intermediate_size, Hq = cfg_.num_heads;
-    const DType M = dtype_, F = DType::kF32;
-    embed_ = place(V * H, M);
-    final_norm_ = place(H, F);
+    const std::int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Hq = cfg_.num_heads;
     layers_.assign(cfg_.layers.size(), DeviceLayer{});
-    for (std::size_t l = 0; l < cfg_.layers.size(); ++l) {
-      const LayerSpec& s = cfg_.layers[l];
-      DeviceLayer& L = layers_[l];
-      const std::int64_t D = s.head_dim, Hkv = s.num_kv_heads;
-      L.qkv_rows = (Hq + Hkv * (s.has_v_proj ? 2 : 1)) * D;
-      L.qkv = place(L.qkv_rows * H, M);
-      L.o_proj = place(H * Hq * D, M);
-      L.mlp_gate_up = place(2 * I * H, M);
-      L.mlp_down = place(H * I, M);
-      L.q_norm = place(D, F);
-      L.k_norm = place(D, F);
-      for (TensorRef* t : {&L.input_layernorm, &L.post_attention_layernorm, &L.pre_feedforward_layernorm,
-                           &L.post_feedforward_layernorm}) {
-        *t = place(H, F);
-      }
-      if (cfg_.enable_moe_block) {
-        const std::int64_t E = cfg_.num_experts, Im = cfg_.moe_intermediate_size;
-        for (TensorRef* t : {&L.post_feedforward_layernorm_1, &L.pre_feedforward_layernorm_2,
-                             &L.post_feedforward_layernorm_2, &L.router_scale}) {
-          *t = place(H, F);
+    placed_.clear();
+    ModelWeights shapes;
+    shapes.layers.resize(cfg_.layers.size());
+    diffusion_gemma::for_each_parameter(cfg_, shapes, [&](const ParamSpec& p, const Weight&) {
+      TensorRef* ref = nullptr;
+      std::int64_t count = p.shape.numel();
+      std::string name = p.name;
+      const std::string layer = p.layer >= 0 ? "layers." + std::to_string(p.layer) + "." : std::string();
+      switch (p.param) {
+        case Param::kLayerScalar:  // a host float per layer
+        case Param::kKProj:
+        case Param::kVProj:
+        case Param::kMlpUp:
+        case Param::kScUp: return;  // inside the fused tensor placed with the first member
+        case Param::kQProj: {
+          const LayerSpec& s = cfg_.layers[static_cast<std::size_t>(p.layer)];
+          DeviceLayer& L = layers_[static_cast<std::size_t>(p.layer)];
+          L.qkv_rows = (Hq + s.num_kv_heads * (s.has_v_proj ? 2 : 1)) * s.head_dim;
+          ref = &L.qkv;
+          count = L.qkv_rows * H;
+          name = layer + "qkv";
+          break;
         }
-        L.router_per_expert_scale = place(E, F);
-        L.router_proj = place(E * H, M);
-        L.experts_gate_up = place(E * 2 * Im * H, M);
-        L.experts_down = place(E * H * Im, M);
+        case Param::kMlpGate:
+          ref = &layers_[static_cast<std::size_t>(p.layer)].mlp_gate_up;
+          count = 2 * I * H;
+          name = layer + "mlp.gate_up";
+          break;
+        case Param::kScGate:
+          ref = &sc_gate_up_;
+          count = 2 * I * H;
+          name = "self_conditioning.gate_up";
+          break;
+        default: ref = const_cast<TensorRef*>(destination(p).ref); break;
       }
-    }
-    if (cfg_.is_diffusion()) {
-      sc_pre_norm_ = place(H, F);
-      sc_gate_up_ = place(2 * I * H, M);
-      sc_down_ = place(H * I, M);
-    }
+      *ref = place(count, p.is_matrix() ? dtype_ : DType::kF32);
+      placed_.push_back(Placed{name, ref, !p.is_matrix()});
+    });
     arena_bytes_ = (arena_bytes_ + 255) / 256 * 256;
   }
 
-  // Copies `src` into `dst` starting at element `at`, converting to dst's dtype on the host in
+  // Copies `w` into `dst` starting at element `at`, converting to dst's dtype on the host in
   // bounded chunks (or straight from the mapped file when the dtypes already agree).
-  void put(const std::string& name, const RawTensor& src, const TensorRef& dst, std::int64_t at, std::int64_t count) {
-    if (src.empty()) throw_error(StatusCode::kNotFound, "cuda::Model: tensor '", name, "' is missing");
+  void put(const std::string& name, const Weight& w, const TensorRef& dst, std::int64_t at, std::int64_t count) {
+    if (w.empty()) throw_error(StatusCode::kNotFound, "cuda::Model: tensor '", name, "' is missing");
+    const RawTensor src = w.raw();
     if (src.shape.numel() != count) {
       throw_error(StatusCode::kInvalidArgument, "cuda::Model: tensor '", name, "' has shape ", src.shape.str(), " (",
                   src.shape.numel(), " elements), expected ", count, " elements for ", cfg_.source);
@@ -265,54 +233,71 @@ class Model {
                                static_cast<std::size_t>(n) * esize, cudaMemcpyHostToDevice));
     }
   }
-  void put(const std::string& name, const RawTensor& src, const TensorRef& dst) { put(name, src, dst, 0, dst.count); }
+
+  // Where a checkpoint tensor lands in the arena: projections that read the same input share one
+  // fused destination (q|k|v rows, gate|up rows), at an element offset.
+  struct Destination {
+    const TensorRef* ref = nullptr;
+    std::int64_t at = 0, count = 0;
+  };
+  Destination destination(const ParamSpec& p) const {
+    const std::int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Hq = cfg_.num_heads;
+    const auto whole = [](const TensorRef& t) { return Destination{&t, 0, t.count}; };
+    if (p.layer < 0) {
+      switch (p.param) {
+        case Param::kEmbedTokens: return whole(embed_);
+        case Param::kFinalNorm: return whole(final_norm_);
+        case Param::kScPreNorm: return whole(sc_pre_norm_);
+        case Param::kScGate: return Destination{&sc_gate_up_, 0, I * H};
+        case Param::kScUp: return Destination{&sc_gate_up_, I * H, I * H};
+        case Param::kScDown: return whole(sc_down_);
+        default: break;
+      }
+      throw_error(StatusCode::kInternal, "cuda::Model: no destination for '", p.name, "'");
+    }
+    const LayerSpec& s = cfg_.layers[static_cast<std::size_t>(p.layer)];
+    const DeviceLayer& L = layers_[static_cast<std::size_t>(p.layer)];
+    const std::int64_t D = s.head_dim, Hkv = s.num_kv_heads;
+    switch (p.param) {
+      case Param::kQProj: return Destination{&L.qkv, 0, Hq * D * H};
+      case Param::kKProj: return Destination{&L.qkv, Hq * D * H, Hkv * D * H};
+      case Param::kVProj: return Destination{&L.qkv, (Hq + Hkv) * D * H, Hkv * D * H};
+      case Param::kOProj: return whole(L.o_proj);
+      case Param::kQNorm: return whole(L.q_norm);
+      case Param::kKNorm: return whole(L.k_norm);
+      case Param::kInputLayernorm: return whole(L.input_layernorm);
+      case Param::kPostAttentionLayernorm: return whole(L.post_attention_layernorm);
+      case Param::kPreFeedforwardLayernorm: return whole(L.pre_feedforward_layernorm);
+      case Param::kPostFeedforwardLayernorm: return whole(L.post_feedforward_layernorm);
+      case Param::kMlpGate: return Destination{&L.mlp_gate_up, 0, I * H};
+      case Param::kMlpUp: return Destination{&L.mlp_gate_up, I * H, I * H};
+      case Param::kMlpDown: return whole(L.mlp_down);
+      case Param::kPostFeedforwardLayernorm1: return whole(L.post_feedforward_layernorm_1);
+      case Param::kPreFeedforwardLayernorm2: return whole(L.pre_feedforward_layernorm_2);
+      case Param::kPostFeedforwardLayernorm2: return whole(L.post_feedforward_layernorm_2);
+      case Param::kRouterProj: return whole(L.router_proj);
+      case Param::kRouterScale: return whole(L.router_scale);
+      case Param::kRouterPerExpertScale: return whole(L.router_per_expert_scale);
+      case Param::kExpertsGateUp: return whole(L.experts_gate_up);
+      case Param::kExpertsDown: return whole(L.experts_down);
+      default: break;
+    }
+    throw_error(StatusCode::kInternal, "cuda::Model: no destination for '", p.name, "'");
+  }
 
   void upload(const ModelWeights& w) {
-    const std::int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, Hq = cfg_.num_heads;
     if (w.layers.size() != cfg_.layers.size()) {
       throw_error(StatusCode::kInvalidArgument, "cuda::Model: ", w.layers.size(),
                   " layers of weights for a config with ", cfg_.layers.size(), " layers (", cfg_.source, ")");
     }
-    put("embed_tokens", w.embed_tokens, embed_);
-    put("norm", w.final_norm, final_norm_);
-    for (std::size_t l = 0; l < layers_.size(); ++l) {
-      const LayerSpec& s = cfg_.layers[l];
-      const LayerWeights& src = w.layers[l];
-      DeviceLayer& L = layers_[l];
-      const std::string p = "layers." + std::to_string(l) + ".";
-      const std::int64_t D = s.head_dim, Hkv = s.num_kv_heads;
-      put(p + "self_attn.q_proj", src.q_proj, L.qkv, 0, Hq * D * H);
-      put(p + "self_attn.k_proj", src.k_proj, L.qkv, Hq * D * H, Hkv * D * H);
-      if (s.has_v_proj) put(p + "self_attn.v_proj", src.v_proj, L.qkv, (Hq + Hkv) * D * H, Hkv * D * H);
-      put(p + "self_attn.o_proj", src.o_proj, L.o_proj);
-      put(p + "self_attn.q_norm", src.q_norm, L.q_norm);
-      put(p + "self_attn.k_norm", src.k_norm, L.k_norm);
-      put(p + "input_layernorm", src.input_layernorm, L.input_layernorm);
-      put(p + "post_attention_layernorm", src.post_attention_layernorm, L.post_attention_layernorm);
-      put(p + "pre_feedforward_layernorm", src.pre_feedforward_layernorm, L.pre_feedforward_layernorm);
-      put(p + "post_feedforward_layernorm", src.post_feedforward_layernorm, L.post_feedforward_layernorm);
-      put(p + "mlp.gate_proj", src.mlp_gate, L.mlp_gate_up, 0, I * H);
-      put(p + "mlp.up_proj", src.mlp_up, L.mlp_gate_up, I * H, I * H);
-      put(p + "mlp.down_proj", src.mlp_down, L.mlp_down);
-      L.layer_scalar = src.layer_scalar.empty() ? 1.0f : load_as_float(src.layer_scalar, 0);
-      if (cfg_.enable_moe_block) {
-        put(p + "post_feedforward_layernorm_1", src.post_feedforward_layernorm_1, L.post_feedforward_layernorm_1);
-        put(p + "pre_feedforward_layernorm_2", src.pre_feedforward_layernorm_2, L.pre_feedforward_layernorm_2);
-        put(p + "post_feedforward_layernorm_2", src.post_feedforward_layernorm_2, L.post_feedforward_layernorm_2);
-        put(p + "router.proj", src.router_proj, L.router_proj);
-        put(p + "router.scale", src.router_scale, L.router_scale);
-        put(p + "router.per_expert_scale", src.router_per_expert_scale, L.router_per_expert_scale);
-        put(p + "experts.gate_up_proj", src.experts_gate_up, L.experts_gate_up);
-        put(p + "experts.down_proj", src.experts_down, L.experts_down);
+    diffusion_gemma::for_each_parameter(cfg_, w, [&](const ParamSpec& p, const Weight& src) {
+      if (p.param == Param::kLayerScalar) {
+        layers_[static_cast<std::size_t>(p.layer)].layer_scalar = src.empty() ? 1.0f : src.at(0);
+        return;
       }
-    }
-    if (cfg_.is_diffusion()) {
-      const SelfConditioningWeights& sc = w.self_conditioning;
-      put("self_conditioning.pre_norm", sc.pre_norm, sc_pre_norm_);
-      put("self_conditioning.gate_proj", sc.gate_proj, sc_gate_up_, 0, I * H);
-      put("self_conditioning.up_proj", sc.up_proj, sc_gate_up_, I * H, I * H);
-      put("self_conditioning.down_proj", sc.down_proj, sc_down_);
-    }
+      const Destination d = destination(p);
+      put(p.name, src, *d.ref, d.at, d.count);
+    });
   }
 
   ModelConfig cfg_;
@@ -321,6 +306,12 @@ class Model {
   float embed_scale_ = 1.0f;
   TensorRef embed_, final_norm_, sc_pre_norm_, sc_gate_up_, sc_down_;
   std::vector<DeviceLayer> layers_;
+  struct Placed {
+    std::string name;
+    const TensorRef* ref;
+    bool is_vector;
+  };
+  std::vector<Placed> placed_;
   std::size_t arena_bytes_ = 0;
   DeviceBuffer<std::byte> arena_;
 };

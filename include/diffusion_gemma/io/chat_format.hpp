@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The Gemma 4 chat format (spec/MODEL.md section 9), text-only:
+// The Gemma 4 chat format (docs/model.md §8.3), text-only:
 //
 //   <bos>[<|turn>system\n[<|think|>\n]SYSTEM<turn|>\n](<|turn>user\nUSER<turn|>\n | <|turn>model\nMODEL<turn|>\n)*
 //   [<|turn>model\n]                                                     (the generation prompt)

@@ -214,6 +214,15 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
     throw_error(StatusCode::kUnsupported, root.where("tie_word_embeddings"),
                 ": an untied LM head is not supported (Gemma 4 ties it to embed_tokens)");
   }
+  for (const JsonObject* o : {&t, &root}) {
+    for (const char* key : {"dtype", "torch_dtype"}) {
+      if (c.dtype != DType::kSentinel || !o->has_non_null(key) || !o->raw(key).is_string()) continue;
+      const std::string d = o->raw(key).get<std::string>();
+      if (d == "bfloat16") c.dtype = DType::kBF16;
+      if (d == "float16") c.dtype = DType::kF16;
+      if (d == "float32") c.dtype = DType::kF32;
+    }
+  }
   c.pad_token_id = t.as_int32(t.integer_or("pad_token_id", 0), "pad_token_id");
   c.bos_token_id = t.as_int32(t.integer_or("bos_token_id", 2), "bos_token_id");
   c.eos_token_ids = detail::parse_token_ids(t, "eos_token_id");

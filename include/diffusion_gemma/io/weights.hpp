@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Binds a checkpoint's tensor names to ModelWeights, checking every expected tensor's presence,
-// shape and dtype, and reporting missing, misshapen and unexpected tensors by name, all at once.
+// Binds a checkpoint's tensor names to ModelWeights (the list is model/weights.hpp's
+// for_each_parameter), checking every expected tensor's presence, shape and dtype, and reporting
+// missing, misshapen and unexpected tensors by name, all at once. The views borrow the memory maps.
 #pragma once
 
 #include <algorithm>
@@ -118,51 +119,13 @@ inline ModelWeights bind_weights(const Checkpoint& ckpt, const ModelConfig& cfg,
   detail::Binder b(ckpt);
   const std::string pre = backbone_prefix(ckpt, cfg);
   if (report) report->prefix = pre;
-  const std::int64_t H = cfg.hidden_size, V = cfg.vocab_size, I = cfg.intermediate_size;
   ModelWeights w;
-  w.embed_tokens = b.take(pre + "embed_tokens.weight", {V, H});
-  w.final_norm = b.take(pre + "norm.weight", {H});
+  w.layers.resize(cfg.layers.size());
+  for_each_parameter(cfg, w, [&](const ParamSpec& p, Weight& dst) { dst = Weight::borrow(b.take(pre + p.name, p.shape)); });
   // A stored LM head is the tied embedding written twice; accept it, never read it.
   b.allow("lm_head.weight");
-  w.layers.resize(cfg.layers.size());
-  for (int l = 0; l < cfg.num_layers(); ++l) {
-    const LayerSpec& s = cfg.layers[l];
-    LayerWeights& L = w.layers[l];
-    const std::string p = pre + "layers." + std::to_string(l) + ".";
-    const std::int64_t D = s.head_dim, Hq = cfg.num_heads, Hkv = s.num_kv_heads;
-    L.q_proj = b.take(p + "self_attn.q_proj.weight", {Hq * D, H});
-    L.k_proj = b.take(p + "self_attn.k_proj.weight", {Hkv * D, H});
-    if (s.has_v_proj) L.v_proj = b.take(p + "self_attn.v_proj.weight", {Hkv * D, H});
-    L.o_proj = b.take(p + "self_attn.o_proj.weight", {H, Hq * D});
-    L.q_norm = b.take(p + "self_attn.q_norm.weight", {D});
-    L.k_norm = b.take(p + "self_attn.k_norm.weight", {D});
-    L.input_layernorm = b.take(p + "input_layernorm.weight", {H});
-    L.post_attention_layernorm = b.take(p + "post_attention_layernorm.weight", {H});
-    L.pre_feedforward_layernorm = b.take(p + "pre_feedforward_layernorm.weight", {H});
-    L.post_feedforward_layernorm = b.take(p + "post_feedforward_layernorm.weight", {H});
-    L.mlp_gate = b.take(p + "mlp.gate_proj.weight", {I, H});
-    L.mlp_up = b.take(p + "mlp.up_proj.weight", {I, H});
-    L.mlp_down = b.take(p + "mlp.down_proj.weight", {H, I});
-    L.layer_scalar = b.take(p + "layer_scalar", {1});
-    if (cfg.enable_moe_block) {
-      const std::int64_t E = cfg.num_experts, Im = cfg.moe_intermediate_size;
-      L.post_feedforward_layernorm_1 = b.take(p + "post_feedforward_layernorm_1.weight", {H});
-      L.pre_feedforward_layernorm_2 = b.take(p + "pre_feedforward_layernorm_2.weight", {H});
-      L.post_feedforward_layernorm_2 = b.take(p + "post_feedforward_layernorm_2.weight", {H});
-      L.router_proj = b.take(p + "router.proj.weight", {E, H});
-      L.router_scale = b.take(p + "router.scale", {H});
-      L.router_per_expert_scale = b.take(p + "router.per_expert_scale", {E});
-      L.experts_gate_up = b.take(p + "experts.gate_up_proj", {E, 2 * Im, H});
-      L.experts_down = b.take(p + "experts.down_proj", {E, H, Im});
-    }
-  }
   std::vector<std::pair<std::string, RawTensor>> encoder_scalars;
   if (cfg.is_diffusion()) {
-    const std::string sc = pre + "self_conditioning.";
-    w.self_conditioning.pre_norm = b.take(sc + "pre_norm.weight", {H});
-    w.self_conditioning.gate_proj = b.take(sc + "gate_proj.weight", {I, H});
-    w.self_conditioning.up_proj = b.take(sc + "up_proj.weight", {I, H});
-    w.self_conditioning.down_proj = b.take(sc + "down_proj.weight", {H, I});
     // The encoder shares every parameter with the decoder but transformers does not tie buffers,
     // so layer_scalar is stored twice. Both copies must agree: we run one backbone.
     for (int l = 0; l < cfg.num_layers(); ++l) {
@@ -173,7 +136,7 @@ inline ModelWeights bind_weights(const Checkpoint& ckpt, const ModelConfig& cfg,
   b.finish(report);
   for (int l = 0; l < static_cast<int>(encoder_scalars.size()); ++l) {
     const float enc = detail::scalar_value(encoder_scalars[l].second);
-    const float dec = detail::scalar_value(w.layers[l].layer_scalar);
+    const float dec = detail::scalar_value(w.layers[l].layer_scalar.raw());
     if (!(enc == dec)) {
       throw_error(StatusCode::kUnsupported, ckpt.dir(), ": ", encoder_scalars[l].first, " = ", enc, " differs from ", pre,
                   "layers.", l, ".layer_scalar = ", dec,

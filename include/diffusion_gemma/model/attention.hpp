@@ -17,7 +17,7 @@ enum class AttentionMode {
   kSentinel
 };
 
-// Gemma 4 attention with transformers' DiffusionGemma semantics (MODEL.md §5):
+// Gemma 4 attention with transformers' DiffusionGemma semantics (docs/model.md §5.1-5.2):
 // - encoder: key j visible to query i iff j <= i, and on sliding layers i - window < j
 //   (window keys including self);
 // - denoiser: every canvas key; on full layers every cached key; on sliding layers the same last
@@ -43,7 +43,7 @@ struct Gemma4Attention {
   }
 };
 
-// Google's JAX sampler semantics for the canvas (MODEL.md §5.3): the prefix window of a sliding
+// Google's JAX sampler semantics for the canvas (docs/model.md §5.3): the prefix window of a sliding
 // layer is AND-ed with a per-position window, so canvas query i sees the last window - 1 - i
 // prefix tokens. A research variant, not the reference: a one-type swap in Backbone.
 struct JaxCanvasAttention {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <diffusion_gemma/core/dtype.hpp>
 #include <diffusion_gemma/core/status.hpp>
 
 namespace diffusion_gemma {
@@ -73,6 +74,10 @@ struct ModelConfig {
   int bos_token_id = 2;
   std::vector<int> eos_token_ids;
   int canvas_length = 0;  // DiffusionGemma only
+  // The weights' dtype as config.json states it ("dtype" / "torch_dtype"); kSentinel when absent
+  // or not a float type. Informational (memory estimates from the config alone): loading reads
+  // each tensor's own dtype.
+  DType dtype = DType::kSentinel;
 
   int num_layers() const { return static_cast<int>(layers.size()); }
   const RopeConfig& rope(LayerType t) const { return t == LayerType::kFull ? rope_full : rope_sliding; }

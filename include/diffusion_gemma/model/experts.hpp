@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Feed-forward policies of a Gemma 4 layer (MODEL.md §3):
+// Feed-forward policies of a Gemma 4 layer (docs/model.md §3):
 //   DenseMlp:  x = r + post_ff( mlp(pre_ff(r)) )
 //   Gemma4MoE: x = r + post_ff( post_ff_1(mlp(pre_ff(r))) + post_ff_2(experts(pre_ff_2(r); router(r))) )
 // The router sees the post-attention residual r itself, not a normalised copy.

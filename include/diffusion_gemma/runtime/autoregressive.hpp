@@ -12,6 +12,7 @@
 
 #include <diffusion_gemma/core/status.hpp>
 #include <diffusion_gemma/model/config.hpp>
+#include <diffusion_gemma/runtime/engine_traits.hpp>
 #include <diffusion_gemma/runtime/trace.hpp>
 #include <diffusion_gemma/sampler/vocab_stats.hpp>
 
@@ -19,6 +20,8 @@ namespace diffusion_gemma {
 
 template <class Engine_>
 class AutoregressiveDecoder {
+  static_assert(check_autoregressive_engine<Engine_>(), "see runtime/engine_traits.hpp");
+
  public:
   using Engine = Engine_;
 

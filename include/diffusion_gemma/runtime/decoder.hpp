@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Decoder<Engine, Sampler, Scheduler>: block-diffusion generation (SAMPLER.md §2).
+// Decoder<Engine, Sampler, Scheduler>: block-diffusion generation (docs/sampler.md §2).
 //
 //   cache <- encode(prompt)                                  all prompt tokens, positions 0..P-1
 //   for each canvas:                                         (Scheduler)
@@ -27,6 +27,7 @@
 
 #include <diffusion_gemma/core/status.hpp>
 #include <diffusion_gemma/sampler/vocab_stats.hpp>
+#include <diffusion_gemma/runtime/engine_traits.hpp>
 #include <diffusion_gemma/runtime/trace.hpp>
 #include <diffusion_gemma/sampler/sampler.hpp>
 #include <diffusion_gemma/schedule/canvas_scheduler.hpp>
@@ -56,6 +57,8 @@ struct Callbacks {
 
 template <class Engine_, class Sampler_ = ReferenceSampler, class Scheduler_ = CanvasScheduler<>>
 class Decoder {
+  static_assert(check_diffusion_engine<Engine_>(), "see runtime/engine_traits.hpp");
+
  public:
   using Engine = Engine_;
   using Sampler = Sampler_;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The sampler's per-step canvas update for one canvas in one block (SAMPLER.md §3, the reference
+// The sampler's per-step canvas update for one canvas in one block (docs/sampler.md §3, §5.6, the reference
 // policies of sampler/): entropy-bound acceptance (EntropyBound), re-noising of every other
 // position with Philox purpose kRenoise (UniformState + PhiloxRng), the argmax-canvas stability
 // test against the history (StableAndConfident, a ring of the last `stability_threshold` argmax

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Mixture-of-experts kernels (MODEL.md §3.5-3.6). The flow, with slots s = t * K + j for token t
+// Mixture-of-experts kernels (docs/model.md §3.5-3.6). The flow, with slots s = t * K + j for token t
 // and its j-th routed expert:
 //   router_kernel         logits [T, E] -> top-k weights and experts per slot (device/router.cuh)
 //   (CUB radix sort)      slots grouped by expert, stable: ascending slot order inside a group

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The row work of the streaming vocabulary pass (ARCHITECTURE.md §2, cpu/vocab_pass.hpp). The
+// The row work of the streaming vocabulary pass (docs/sampler.md §5, cpu/vocab_pass.hpp). The
 // launcher walks the vocabulary in tiles; per tile, a GEMM gives raw logits [C, tile] and
 // vocab_tile_kernel (one block per canvas row) applies softcap and temperature, updates the row's
 // argmax, online max / sum / weighted sum (math::SoftmaxStats) and chunked Gumbel sample,

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The streaming vocabulary pass on the device (ARCHITECTURE.md §2): per vocabulary tile, a cuBLAS
+// The streaming vocabulary pass on the device (docs/sampler.md §5): per vocabulary tile, a cuBLAS
 // GEMM for the tile's logits, vocab_tile_kernel for the row statistics, and (with
 // self-conditioning) a second GEMM that adds e^(l - m) E_tile to the rows' soft embeddings. The
 // workspace holds the row states and one tile of logits (and of probabilities in the storage

@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+// The arithmetic peak of this CPU for a kernel family, measured with our own loops (not a data
+// sheet): independent fused multiply-add chains (fp32, AVX2 or AVX-512) or AMX-BF16 tile products
+// on every thread for a fixed time. Benchmarks print achieved GFLOP/s next to it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include <diffusion_gemma/cpu/isa.hpp>
+#include <diffusion_gemma/cpu/parallel.hpp>
+
+namespace dg_bench {
+
+#if DG_X86_KERNELS
+DG_BEGIN_TARGET_AVX512
+inline double fma_chains_avx512(std::int64_t iterations) {
+  __m512 acc[12];
+  const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  for (std::int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
+  }
+  float s = 0.0f;
+  for (int i = 0; i < 12; ++i) s += _mm512_reduce_add_ps(acc[i]);
+  return s;
+}
+DG_END_TARGET
+
+DG_BEGIN_TARGET_AVX2
+inline double fma_chains_avx2(std::int64_t iterations) {
+  __m256 acc[12];
+  const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
+  for (std::int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], b, c);
+  }
+  alignas(32) float lanes[8];
+  float s = 0.0f;
+  for (int i = 0; i < 12; ++i) {
+    _mm256_store_ps(lanes, acc[i]);
+    for (float x : lanes) s += x;
+  }
+  return s;
+}
+DG_END_TARGET
+
+struct alignas(64) PeakTileConfig {
+  std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+DG_BEGIN_TARGET_AMX
+inline double amx_products(std::int64_t iterations) {
+  alignas(64) static const std::uint16_t operand[512] = {};
+  alignas(64) float out[256];
+  PeakTileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  _tile_loadd(6, operand, 64);
+  _tile_loadd(7, operand, 64);
+  for (std::int64_t it = 0; it < iterations; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+DG_END_TARGET
+#endif
+
+// GFLOP/s of `isa` on `threads` threads: fp32 FMA for avx2/avx512 (and for amx when !bf16),
+// AMX-BF16 tile products for amx with bf16. 0 for the generic family (no peak is claimed).
+inline double measured_peak_gflops(diffusion_gemma::cpu::Isa isa, bool bf16, int threads) {
+  using diffusion_gemma::cpu::Isa;
+#if DG_X86_KERNELS
+  if (isa == Isa::kGeneric) return 0.0;
+  const bool tiles = bf16 && isa == Isa::kAmx;
+  const bool wide = isa >= Isa::kAvx512;
+  // FLOP per iteration: 12 chains x lanes x 2, or 4 tile products x 16 x 16 x 32 x 2.
+  const double flop_per_iteration = tiles ? 4.0 * 16 * 16 * 32 * 2 : 12.0 * (wide ? 16 : 8) * 2;
+  const std::int64_t iterations = tiles ? 2000000 : 20000000;
+  volatile double sink = 0.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  diffusion_gemma::cpu::parallel_for(
+      threads,
+      [&](std::int64_t) {
+        const double r = tiles ? amx_products(iterations) : wide ? fma_chains_avx512(iterations) : fma_chains_avx2(iterations);
+        sink = sink + r;
+      },
+      threads);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return flop_per_iteration * static_cast<double>(iterations) * threads / seconds / 1e9;
+#else
+  (void)isa;
+  (void)bf16;
+  (void)threads;
+  return 0.0;
+#endif
+}
+
+}  // namespace dg_bench

@@ -1,0 +1,291 @@
+// SPDX-License-Identifier: Apache-2.0
+// AMX-BF16 products for the fast precision: activations rounded to bf16 (round to nearest even),
+// products accumulated in fp32 on the tiles. Weights are read in the checkpoint's own row-major
+// layout, never repacked at load:
+//
+//   y = x W^T (W [n, k], a torch Linear weight): W is the tiles' A operand, 16 rows x 32 k loaded
+//     straight from the mapped file with the row stride, and x is packed once per call into the
+//     B operand's pair-interleaved layout (16 pairs of k x 16 rows of x per 1 KiB tile). The tile
+//     result is y^T, transposed on the way out. BF16 weights need no conversion; F32 and F16
+//     weights, and blocks cut by the matrix edges, are staged through a bf16 copy of 32 rows.
+//   y = x B (B [k, n]: the self-conditioning product P E): x is the A operand (bf16 rows), and
+//     B's tiles are built per 32-column strip by interleaving pairs of B rows.
+//
+// Tiles 0-3 accumulate, 4-5 hold A, 6-7 hold B (16 rows x 64 bytes each). The tile state is
+// released at the end of every call: a thread left holding it makes every later context switch
+// save and restore 8 KiB more.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include <diffusion_gemma/core/bfloat16.hpp>
+#include <diffusion_gemma/cpu/isa.hpp>
+#include <diffusion_gemma/cpu/kernels/avx512.hpp>
+#include <diffusion_gemma/cpu/kernels/operands.hpp>
+
+#if DG_X86_KERNELS
+
+namespace diffusion_gemma::cpu::kernels::amx {
+
+inline constexpr std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+// Elements of the packed activations for an [m, k] input (either layout below).
+inline std::size_t packed_size(std::int64_t m, std::int64_t k) {
+  return static_cast<std::size_t>(round_up(m, 32) * round_up(k, 32));
+}
+
+DG_BEGIN_TARGET_AMX
+
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+inline void configure() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// 32 consecutive elements (the first `count`, the rest 0) as 32 bf16 in one vector.
+template <DType T>
+inline __m512i load_bf16x32(const std::byte* p, std::int64_t count) {
+  using avx512::lanes;
+  if constexpr (T == DType::kBF16) {
+    const __mmask32 m = count >= 32 ? 0xFFFFFFFFu : count <= 0 ? 0u : static_cast<__mmask32>((1ull << count) - 1u);
+    return _mm512_maskz_loadu_epi16(m, p);
+  } else {
+    const __m512 lo = avx512::load_widen<T>(p, count);
+    const __m512 hi = count > 16 ? avx512::load_widen<T>(p + 16 * dtype_size(T), count - 16) : _mm512_setzero_ps();
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+
+// 16 consecutive elements as bf16, each in the low half of a 32-bit lane.
+template <DType T>
+inline __m512i load_bf16x16_wide(const std::byte* p, std::int64_t count) {
+  if constexpr (T == DType::kBF16) {
+    return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(avx512::lanes(count), p));
+  } else {
+    const __m256bh h = _mm512_cvtneps_pbh(avx512::load_widen<T>(p, count));
+    return _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(h));
+  }
+}
+
+// x [m, k] fp32 -> B tiles: tile (mb, kb) holds, in row p and 32-bit column t, the pair
+// (x[16 mb + t][32 kb + 2p], x[16 mb + t][32 kb + 2p + 1]); zeros outside x.
+inline void pack_activations_pairs(const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k,
+                                   std::uint16_t* out) {
+  const std::int64_t mb_count = (m + 15) / 16, kb_count = (k + 31) / 32;
+  for (std::int64_t mb = 0; mb < mb_count; ++mb) {
+    for (std::int64_t kb = 0; kb < kb_count; ++kb) {
+      __m512 r[16];
+      for (int t = 0; t < 16; ++t) {
+        const std::int64_t row = mb * 16 + t;
+        r[t] = row < m ? _mm512_castsi512_ps(load_bf16x32<DType::kF32>(
+                             reinterpret_cast<const std::byte*>(x + row * ldx + kb * 32), k - kb * 32))
+                       : _mm512_setzero_ps();
+      }
+      avx512::transpose16(r);
+      std::uint16_t* tile = out + (mb * kb_count + kb) * 512;
+      for (int p = 0; p < 16; ++p) _mm512_storeu_ps(reinterpret_cast<float*>(tile + p * 32), r[p]);
+    }
+  }
+}
+
+// x [m, k] fp32 -> bf16 rows [round_up(m, 16), round_up(k, 32)], zero padded: the A operand.
+inline void pack_activations_rows(const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k,
+                                  std::uint16_t* out) {
+  const std::int64_t mp = round_up(m, 16), kp = round_up(k, 32);
+  for (std::int64_t r = 0; r < mp; ++r) {
+    for (std::int64_t c = 0; c < kp; c += 32) {
+      const __m512i v = r < m ? load_bf16x32<DType::kF32>(reinterpret_cast<const std::byte*>(x + r * ldx + c), k - c)
+                              : _mm512_setzero_si512();
+      _mm512_storeu_si512(out + r * kp + c, v);
+    }
+  }
+}
+
+// y[t][n0 + i] (+)= tile[i][t] for i < ni, t < nt (tile: 16 x 16 fp32, rows = output columns).
+inline void store_transposed(const float* tile, std::int64_t ni, std::int64_t nt, float* y, std::int64_t ldy,
+                             bool accumulate) {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(tile + i * 16);
+  avx512::transpose16(r);
+  const __mmask16 m = avx512::lanes(ni);
+  for (std::int64_t t = 0; t < nt; ++t) {
+    float* dst = y + t * ldy;
+    const __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst), r[t]) : r[t];
+    _mm512_mask_storeu_ps(dst, m, v);
+  }
+}
+
+// 32 rows of W (from row n0, `rows` of them) as bf16 [32][kp], zero outside W.
+template <DType T>
+inline void stage_rows(const MatrixB& w, std::int64_t n0, std::int64_t rows, std::int64_t k, std::uint16_t* slab) {
+  const std::int64_t kp = round_up(k, 32);
+  for (std::int64_t r = 0; r < 32; ++r) {
+    for (std::int64_t c = 0; c < kp; c += 32) {
+      const __m512i v = r < rows ? load_bf16x32<T>(w.row(n0 + r) + static_cast<std::size_t>(c) * dtype_size(T), k - c)
+                                 : _mm512_setzero_si512();
+      _mm512_storeu_si512(slab + r * kp + c, v);
+    }
+  }
+}
+
+// y[m, n] (+)= x W^T for W [n, k] (BForm::kNK) from activations packed by pack_activations_pairs.
+template <DType T>
+inline void xwt(const MatrixB& w, const std::uint16_t* xp, std::int64_t m, std::int64_t k, std::int64_t n, float* y,
+                std::int64_t ldy, bool accumulate) {
+  const std::int64_t mb_count = (m + 15) / 16, kb_count = (k + 31) / 32, kp = kb_count * 32;
+  std::uint16_t* slab = scratch<std::uint16_t, 1>(static_cast<std::size_t>(32 * kp));
+  float* tiles = scratch<float, 2>(4 * 256);
+  configure();
+  for (std::int64_t n0 = 0; n0 < n; n0 += 32) {
+    const std::int64_t rows = n - n0 < 32 ? n - n0 : 32;
+    const bool two = rows > 16;
+    const bool direct = T == DType::kBF16 && rows == 32 && k % 32 == 0;
+    if (!direct) stage_rows<T>(w, n0, rows, k, slab);
+    const std::uint16_t* a0 = direct ? reinterpret_cast<const std::uint16_t*>(w.row(n0)) : slab;
+    const std::uint16_t* a1 = direct ? reinterpret_cast<const std::uint16_t*>(w.row(n0 + 16)) : slab + 16 * kp;
+    const std::int64_t stride = direct ? w.ld * 2 : kp * 2;
+    for (std::int64_t mb = 0; mb < mb_count; mb += 2) {
+      const bool twom = mb + 1 < mb_count;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (std::int64_t kb = 0; kb < kb_count; ++kb) {
+        _tile_loadd(4, a0 + kb * 32, stride);
+        _tile_loadd(6, xp + (mb * kb_count + kb) * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (twom) {
+          _tile_loadd(7, xp + ((mb + 1) * kb_count + kb) * 512, 64);
+          _tile_dpbf16ps(1, 4, 7);
+        }
+        if (two) {
+          _tile_loadd(5, a1 + kb * 32, stride);
+          _tile_dpbf16ps(2, 5, 6);
+          if (twom) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, tiles, 64);
+      _tile_stored(1, tiles + 256, 64);
+      _tile_stored(2, tiles + 512, 64);
+      _tile_stored(3, tiles + 768, 64);
+      for (int i = 0; i < (two ? 2 : 1); ++i) {
+        for (int j = 0; j < (twom ? 2 : 1); ++j) {
+          const std::int64_t t0 = (mb + j) * 16;
+          const std::int64_t nt = m - t0 < 16 ? m - t0 : 16;
+          const std::int64_t ni = rows - 16 * i < 16 ? rows - 16 * i : 16;
+          store_transposed(tiles + (2 * i + j) * 256, ni, nt, y + t0 * ldy + n0 + 16 * i, ldy, accumulate);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+// y[m, n] (+)= x B for B [k, n] (BForm::kKN), x given as bf16 rows by pack_activations_rows.
+template <DType T>
+inline void xw(const MatrixB& b, const std::uint16_t* xa, std::int64_t m, std::int64_t k, std::int64_t n, float* y,
+               std::int64_t ldy, bool accumulate) {
+  const std::int64_t mb_count = (m + 15) / 16, kb_count = (k + 31) / 32, kp = kb_count * 32;
+  std::uint16_t* bt = scratch<std::uint16_t, 3>(static_cast<std::size_t>(kb_count * 2 * 512));
+  float* edge = scratch<float, 2>(256);
+  configure();
+  for (std::int64_t n0 = 0; n0 < n; n0 += 32) {
+    const std::int64_t cols = n - n0 < 32 ? n - n0 : 32;
+    const bool two = cols > 16;
+    // B tiles of this strip: row p of tile (kb, half) pairs B rows 32 kb + 2p and + 1.
+    for (std::int64_t kb = 0; kb < kb_count; ++kb) {
+      for (int half = 0; half < (two ? 2 : 1); ++half) {
+        std::uint16_t* tile = bt + (kb * 2 + half) * 512;
+        const std::int64_t c0 = n0 + 16 * half, count = n - c0 < 16 ? n - c0 : 16;
+        for (int p = 0; p < 16; ++p) {
+          const std::int64_t r0 = kb * 32 + 2 * p;
+          const std::size_t off = static_cast<std::size_t>(c0) * dtype_size(T);
+          const __m512i lo = r0 < k ? load_bf16x16_wide<T>(b.row(r0) + off, count) : _mm512_setzero_si512();
+          const __m512i hi = r0 + 1 < k ? load_bf16x16_wide<T>(b.row(r0 + 1) + off, count) : _mm512_setzero_si512();
+          _mm512_storeu_si512(tile + p * 32, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+      }
+    }
+    for (std::int64_t mb = 0; mb < mb_count; mb += 2) {
+      const bool twom = mb + 1 < mb_count;
+      // C tile (i = row block, j = column half) in place when it lies inside y, else via `edge`.
+      const auto inside = [&](int i, int j) { return (mb + i) * 16 + 16 <= m && n0 + 16 * j + 16 <= n; };
+      float* c[2][2];
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j) c[i][j] = y + (mb + i) * 16 * ldy + n0 + 16 * j;
+      if (accumulate) {
+        if (inside(0, 0)) _tile_loadd(0, c[0][0], ldy * 4); else _tile_zero(0);
+        if (two && inside(0, 1)) _tile_loadd(1, c[0][1], ldy * 4); else _tile_zero(1);
+        if (twom && inside(1, 0)) _tile_loadd(2, c[1][0], ldy * 4); else _tile_zero(2);
+        if (twom && two && inside(1, 1)) _tile_loadd(3, c[1][1], ldy * 4); else _tile_zero(3);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      const std::uint16_t* a0 = xa + mb * 16 * kp;
+      const std::uint16_t* a1 = a0 + 16 * kp;
+      for (std::int64_t kb = 0; kb < kb_count; ++kb) {
+        _tile_loadd(4, a0 + kb * 32, kp * 2);
+        _tile_loadd(6, bt + kb * 2 * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two) {
+          _tile_loadd(7, bt + (kb * 2 + 1) * 512, 64);
+          _tile_dpbf16ps(1, 4, 7);
+        }
+        if (twom) {
+          _tile_loadd(5, a1 + kb * 32, kp * 2);
+          _tile_dpbf16ps(2, 5, 6);
+          if (two) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      for (int i = 0; i < (twom ? 2 : 1); ++i) {
+        for (int j = 0; j < (two ? 2 : 1); ++j) {
+          const int t = 2 * i + j;
+          if (inside(i, j)) {
+            switch (t) {
+              case 0: _tile_stored(0, c[0][0], ldy * 4); break;
+              case 1: _tile_stored(1, c[0][1], ldy * 4); break;
+              case 2: _tile_stored(2, c[1][0], ldy * 4); break;
+              default: _tile_stored(3, c[1][1], ldy * 4); break;
+            }
+            continue;
+          }
+          switch (t) {
+            case 0: _tile_stored(0, edge, 64); break;
+            case 1: _tile_stored(1, edge, 64); break;
+            case 2: _tile_stored(2, edge, 64); break;
+            default: _tile_stored(3, edge, 64); break;
+          }
+          const std::int64_t r0 = (mb + i) * 16, cj = n0 + 16 * j;
+          for (std::int64_t r = 0; r < 16 && r0 + r < m; ++r) {
+            for (std::int64_t q = 0; q < 16 && cj + q < n; ++q) {
+              float& out = y[(r0 + r) * ldy + cj + q];
+              out = accumulate ? out + edge[r * 16 + q] : edge[r * 16 + q];
+            }
+          }
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+DG_END_TARGET
+
+}  // namespace diffusion_gemma::cpu::kernels::amx
+
+#endif  // DG_X86_KERNELS

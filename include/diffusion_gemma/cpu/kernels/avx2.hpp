@@ -1,0 +1,286 @@
+// SPDX-License-Identifier: Apache-2.0
+// AVX2 + FMA kernels (8 fp32 lanes), for CPUs without AVX-512 (AMD Zen 2/3, older Intel): the
+// exact-precision matrix product and the element-wise math, the same algorithms as avx512.hpp at
+// half the width (panels of 16 columns, a 6 x 16 register tile). Every C element is the same
+// chain of fused multiply-adds over k as on the AVX-512 path, so the two paths agree bit for bit
+// on products with more than 4 rows.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <diffusion_gemma/core/math.hpp>
+#include <diffusion_gemma/cpu/isa.hpp>
+#include <diffusion_gemma/cpu/kernels/operands.hpp>
+
+#if DG_X86_KERNELS
+
+namespace diffusion_gemma::cpu::kernels::avx2 {
+
+DG_BEGIN_TARGET_AVX2
+
+using V = __m256;
+using M = __m256;  // lane masks are all-ones / all-zeros lanes
+using I = __m256i;
+constexpr int kWidth = 8;
+
+inline V load(const float* p) { return _mm256_loadu_ps(p); }
+inline void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline void istore(std::int32_t* p, I v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+inline V set1(float f) { return _mm256_set1_ps(f); }
+inline V zero() { return _mm256_setzero_ps(); }
+inline V add(V a, V b) { return _mm256_add_ps(a, b); }
+inline V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+inline V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline V div(V a, V b) { return _mm256_div_ps(a, b); }
+inline V max(V a, V b) { return _mm256_max_ps(a, b); }
+inline V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V fnmadd(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
+inline V vabs(V a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+inline V round_even(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline V pow2(V n) {
+  const I e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_castsi256_ps(e);
+}
+inline M cmp_le(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
+inline M cmp_lt(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+inline M cmp_ge(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+inline M cmp_gt(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+inline M is_nan(V a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
+inline V select(M m, V if_true, V if_false) { return _mm256_blendv_ps(if_false, if_true, m); }
+inline I iset1(std::int32_t v) { return _mm256_set1_epi32(v); }
+inline I iota() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+inline I iadd(I a, I b) { return _mm256_add_epi32(a, b); }
+inline I iselect(M m, I if_true, I if_false) {
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(if_false), _mm256_castsi256_ps(if_true), m));
+}
+inline float reduce_add(V v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float reduce_max(V v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline double sum_squares_double(const float* x, std::int64_t n) {
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+    const __m256d b = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+    lo = _mm256_fmadd_pd(a, a, lo);
+    hi = _mm256_fmadd_pd(b, b, hi);
+  }
+  const __m256d t = _mm256_add_pd(lo, hi);
+  __m128d s = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
+  double r = _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+  for (; i < n; ++i) r += static_cast<double>(x[i]) * x[i];
+  return r;
+}
+
+#include <diffusion_gemma/cpu/kernels/vector_math.inl>
+
+// ---- the exact product -------------------------------------------------------------------------
+
+constexpr int kNr = 16;
+constexpr int kMr = 6;
+constexpr std::int64_t kKc = 256;
+
+// 8 consecutive elements widened to fp32 (all 8 must exist; tails go through `load_partial`).
+template <DType T>
+inline V load_widen(const std::byte* p) {
+  if constexpr (T == DType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else if constexpr (T == DType::kBF16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+}
+template <DType T>
+inline V load_partial(const std::byte* p, std::int64_t count) {
+  if (count >= 8) return load_widen<T>(p);
+  alignas(32) float tmp[8] = {};
+  for (std::int64_t i = 0; i < count; ++i) tmp[i] = MatrixB::element(p, T, i);
+  return _mm256_load_ps(tmp);
+}
+
+inline void transpose8(V r[8]) {
+  V t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 2; ++g) {
+    u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+    r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+  }
+}
+
+template <DType T>
+inline void pack_panel(const MatrixB& b, std::int64_t n0, std::int64_t nvalid, std::int64_t k0, std::int64_t kc,
+                       float* panel) {
+  const std::size_t es = dtype_size(T);
+  if (b.form == BForm::kKN) {
+    for (std::int64_t k = 0; k < kc; ++k) {
+      const std::byte* row = b.row(k0 + k) + static_cast<std::size_t>(n0) * es;
+      store(panel + k * kNr, load_partial<T>(row, nvalid));
+      store(panel + k * kNr + 8, nvalid > 8 ? load_partial<T>(row + 8 * es, nvalid - 8) : zero());
+    }
+    return;
+  }
+  for (int half = 0; half < 2; ++half) {
+    const std::int64_t rows = nvalid - 8 * half;
+    for (std::int64_t kk = 0; kk < kc; kk += 8) {
+      V r[8];
+      const std::int64_t count = kc - kk < 8 ? kc - kk : 8;
+      for (int i = 0; i < 8; ++i) {
+        r[i] = i < rows ? load_partial<T>(b.row(n0 + 8 * half + i) + static_cast<std::size_t>(k0 + kk) * es, count)
+                        : zero();
+      }
+      transpose8(r);
+      for (std::int64_t j = 0; j < count; ++j) store(panel + (kk + j) * kNr + 8 * half, r[j]);
+    }
+  }
+}
+
+template <int MR>
+inline void micro_kernel(const float* a, std::int64_t lda, const float* panel, std::int64_t kc, float* c,
+                         std::int64_t ldc, bool load_c, std::int64_t nvalid) {
+  V c0[MR], c1[MR];
+  alignas(32) float edge[MR * kNr];
+  float* dst = c;
+  std::int64_t ld = ldc;
+  if (nvalid < kNr) {  // a partial panel goes through a full-width copy of C
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < kNr; ++j) edge[i * kNr + j] = load_c && j < nvalid ? c[i * ldc + j] : 0.0f;
+    dst = edge;
+    ld = kNr;
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+    c0[i] = load_c ? _mm256_loadu_ps(dst + i * ld) : zero();
+    c1[i] = load_c ? _mm256_loadu_ps(dst + i * ld + 8) : zero();
+  }
+  for (std::int64_t k = 0; k < kc; ++k) {
+    const V b0 = _mm256_loadu_ps(panel + k * kNr), b1 = _mm256_loadu_ps(panel + k * kNr + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const V av = _mm256_broadcast_ss(a + i * lda + k);
+      c0[i] = _mm256_fmadd_ps(av, b0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(av, b1, c1[i]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+    _mm256_storeu_ps(dst + i * ld, c0[i]);
+    _mm256_storeu_ps(dst + i * ld + 8, c1[i]);
+  }
+  if (nvalid < kNr) {
+    for (int i = 0; i < MR; ++i)
+      for (std::int64_t j = 0; j < nvalid; ++j) c[i * ldc + j] = edge[i * kNr + j];
+  }
+}
+
+inline void micro_rows(std::int64_t rows, const float* a, std::int64_t lda, const float* panel, std::int64_t kc,
+                       float* c, std::int64_t ldc, bool load_c, std::int64_t nvalid) {
+  switch (rows) {
+    case 1: return micro_kernel<1>(a, lda, panel, kc, c, ldc, load_c, nvalid);
+    case 2: return micro_kernel<2>(a, lda, panel, kc, c, ldc, load_c, nvalid);
+    case 3: return micro_kernel<3>(a, lda, panel, kc, c, ldc, load_c, nvalid);
+    case 4: return micro_kernel<4>(a, lda, panel, kc, c, ldc, load_c, nvalid);
+    case 5: return micro_kernel<5>(a, lda, panel, kc, c, ldc, load_c, nvalid);
+    default: return micro_kernel<6>(a, lda, panel, kc, c, ldc, load_c, nvalid);
+  }
+}
+
+template <DType T>
+inline void gemm_packed(const Gemm& g) {
+  float* panel = scratch<float, 0>(static_cast<std::size_t>(kKc * kNr));
+  if (g.k == 0) {
+    if (!g.accumulate)
+      for (std::int64_t m = 0; m < g.m; ++m)
+        for (std::int64_t n = 0; n < g.n; ++n) g.c[m * g.ldc + n] = 0.0f;
+    return;
+  }
+  for (std::int64_t k0 = 0; k0 < g.k; k0 += kKc) {
+    const std::int64_t kc = g.k - k0 < kKc ? g.k - k0 : kKc;
+    const bool load_c = g.accumulate || k0 > 0;
+    for (std::int64_t n0 = 0; n0 < g.n; n0 += kNr) {
+      const std::int64_t nvalid = g.n - n0 < kNr ? g.n - n0 : kNr;
+      pack_panel<T>(g.b, n0, nvalid, k0, kc, panel);
+      for (std::int64_t m0 = 0; m0 < g.m; m0 += kMr) {
+        const std::int64_t rows = g.m - m0 < kMr ? g.m - m0 : kMr;
+        micro_rows(rows, g.a + m0 * g.lda + k0, g.lda, panel, kc, g.c + m0 * g.ldc + n0, g.ldc, load_c, nvalid);
+      }
+    }
+  }
+}
+
+template <DType T, int MR>
+inline void gemm_few_rows(const Gemm& g) {
+  const std::size_t es = dtype_size(T);
+  for (std::int64_t n0 = 0; n0 < g.n; n0 += 4) {
+    const int nr = g.n - n0 < 4 ? static_cast<int>(g.n - n0) : 4;
+    V acc[MR][4];
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < 4; ++j) acc[i][j] = zero();
+    std::int64_t k = 0;
+    for (; k + 8 <= g.k; k += 8) {
+      V w[4];
+      for (int j = 0; j < 4; ++j) w[j] = j < nr ? load_widen<T>(g.b.row(n0 + j) + static_cast<std::size_t>(k) * es) : zero();
+      for (int i = 0; i < MR; ++i) {
+        const V x = _mm256_loadu_ps(g.a + i * g.lda + k);
+        for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(x, w[j], acc[i][j]);
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      for (int j = 0; j < nr; ++j) {
+        float s = reduce_add(acc[i][j]);
+        for (std::int64_t kk = k; kk < g.k; ++kk) s += g.a[i * g.lda + kk] * MatrixB::element(g.b.row(n0 + j), T, kk);
+        float& out = g.c[i * g.ldc + n0 + j];
+        out = g.accumulate ? out + s : s;
+      }
+    }
+  }
+}
+
+template <DType T>
+inline void gemm_typed(const Gemm& g) {
+  if (g.b.form == BForm::kNK && g.m <= 4 && g.k > 0) {
+    switch (g.m) {
+      case 1: return gemm_few_rows<T, 1>(g);
+      case 2: return gemm_few_rows<T, 2>(g);
+      case 3: return gemm_few_rows<T, 3>(g);
+      case 4: return gemm_few_rows<T, 4>(g);
+      default: break;
+    }
+  }
+  gemm_packed<T>(g);
+}
+
+inline void gemm(const Gemm& g) {
+  if (g.m <= 0 || g.n <= 0) return;
+  switch (g.b.dtype) {
+    case DType::kBF16: return gemm_typed<DType::kBF16>(g);
+    case DType::kF16: return gemm_typed<DType::kF16>(g);
+    default: return gemm_typed<DType::kF32>(g);
+  }
+}
+
+DG_END_TARGET
+
+}  // namespace diffusion_gemma::cpu::kernels::avx2
+
+#endif  // DG_X86_KERNELS

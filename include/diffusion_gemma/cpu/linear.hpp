@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: Apache-2.0
+// The single entry point for products with a weight on the CPU: linear() (y = x W^T, every
+// projection, MLP, router, self-conditioning MLP and the LM head), grouped_linear() (experts) and
+// linear_transposed() (y = x W, the self-conditioning soft embedding P E). The kernel is chosen at
+// run time from the engine's KernelContext (instruction set and precision), never from the flags
+// the caller was compiled with.
+//
+// Precisions (docs/design.md, "The weight path"):
+//   exact  fp32 activations and accumulation; BF16/F16 weights widened exactly in registers. The
+//          products every parity test holds to (bitwise equal between the AVX2 and AVX-512 paths).
+//   fast   on CPUs with AMX: activations rounded to bf16, fp32 accumulation on the tiles. Elsewhere
+//          it is exact (this CPU family's AVX512-BF16 dot product measured slower than fp32 FMA).
+//
+// matmul_nt / matmul_nn are the products of two activations (attention scores and values): exact
+// fp32 kernels, no weight involved.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include <diffusion_gemma/core/status.hpp>
+#include <diffusion_gemma/cpu/isa.hpp>
+#include <diffusion_gemma/cpu/kernels/amx.hpp>
+#include <diffusion_gemma/cpu/kernels/avx2.hpp>
+#include <diffusion_gemma/cpu/kernels/avx512.hpp>
+#include <diffusion_gemma/cpu/kernels/generic.hpp>
+#include <diffusion_gemma/cpu/kernels/operands.hpp>
+#include <diffusion_gemma/cpu/parallel.hpp>
+#include <diffusion_gemma/model/weight.hpp>
+
+namespace diffusion_gemma::cpu {
+
+enum class Precision { kExact, kFast, kSentinel };
+
+inline const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kExact: return "exact";
+    case Precision::kFast: return "fast";
+    case Precision::kSentinel: break;
+  }
+  return "?";
+}
+
+inline bool parse_precision(const std::string& s, Precision* out) {
+  if (s == "exact") *out = Precision::kExact;
+  else if (s == "fast") *out = Precision::kFast;
+  else return false;
+  return true;
+}
+
+// How one engine runs its kernels.
+struct KernelContext {
+  Isa isa = Isa::kGeneric;
+  Precision precision = Precision::kExact;
+  int threads = 0;  // 0: the OpenMP default
+
+  // Whether weight products run on AMX tiles in bf16.
+  bool bf16_tiles() const { return precision == Precision::kFast && isa == Isa::kAmx; }
+  // The product path in words, for `dgemma info` and benchmark output.
+  std::string path() const {
+    std::string s = std::string(isa_name(isa)) + ", " + precision_name(precision);
+    if (precision == Precision::kFast) s += bf16_tiles() ? " (bf16 on AMX tiles)" : " (= exact: no AMX)";
+    return s;
+  }
+};
+
+namespace detail {
+
+inline kernels::MatrixB matrix_of(const Weight& w, kernels::BForm form) {
+  if (w.layout != WeightLayout::kRowMajor) {
+    throw_error(StatusCode::kUnsupported, "cpu::linear: weight layout ", static_cast<int>(w.layout), " has no kernel");
+  }
+  if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16) {
+    throw_error(StatusCode::kUnsupported, "cpu::linear: weights of dtype ", dtype_name(w.dtype), " have no kernel");
+  }
+  kernels::MatrixB b;
+  b.data = w.data;
+  b.dtype = w.dtype;
+  b.ld = w.cols();
+  b.form = form;
+  return b;
+}
+
+// The exact product on the calling thread, on the context's instruction set.
+inline void gemm_exact(Isa isa, const kernels::Gemm& g) {
+  switch (isa) {
+#if DG_X86_KERNELS
+    case Isa::kAmx:
+    case Isa::kAvx512: return kernels::avx512::gemm(g);
+    case Isa::kAvx2: return kernels::avx2::gemm(g);
+#endif
+    default: return kernels::generic::gemm(g);
+  }
+}
+
+// Splits the output columns into pieces (multiples of 32, the widest panel) and runs them in
+// parallel. Which thread computes a column never changes its value.
+template <class F>
+void over_columns(const KernelContext& ctx, std::int64_t m, std::int64_t n, std::int64_t k, F&& f) {
+  const int threads = resolve_threads(ctx.threads);
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  if (threads <= 1 || work < 1 << 20 || n <= 32) {
+    f(std::int64_t{0}, n);
+    return;
+  }
+  std::int64_t piece = (n + 4 * threads - 1) / (4 * threads);
+  piece = std::max<std::int64_t>(32, (piece + 31) / 32 * 32);
+  const std::int64_t pieces = (n + piece - 1) / piece;
+  parallel_for(
+      pieces, [&](std::int64_t p) { f(p * piece, std::min(n, (p + 1) * piece)); }, ctx.threads);
+}
+
+#if DG_X86_KERNELS
+template <class F>
+void with_bf16_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::kBF16: return f(std::integral_constant<DType, DType::kBF16>{});
+    case DType::kF16: return f(std::integral_constant<DType, DType::kF16>{});
+    default: return f(std::integral_constant<DType, DType::kF32>{});
+  }
+}
+#endif
+
+}  // namespace detail
+
+// y[m, out] (+)= x[m, in] W^T for a weight W [out, in]; x rows `ldx` floats apart, y rows `ldy`.
+// `serial`: run on the calling thread only (the caller is already one of many tasks).
+inline void linear(const KernelContext& ctx, const Weight& w, const float* x, std::int64_t ldx, std::int64_t m, float* y,
+                   std::int64_t ldy, bool accumulate = false, bool serial = false) {
+  const std::int64_t n = w.rows(), k = w.cols();
+  if (m <= 0 || n <= 0) return;
+  kernels::Gemm g;
+  g.a = x;
+  g.lda = ldx;
+  g.b = detail::matrix_of(w, kernels::BForm::kNK);
+  g.c = y;
+  g.ldc = ldy;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.accumulate = accumulate;
+  KernelContext run = ctx;
+  if (serial) run.threads = 1;
+#if DG_X86_KERNELS
+  if (ctx.bf16_tiles()) {
+    std::uint16_t* xp = kernels::scratch<std::uint16_t, 4>(kernels::amx::packed_size(m, k));
+    kernels::amx::pack_activations_pairs(x, ldx, m, k, xp);
+    detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
+      const kernels::Gemm part = g.columns(n0, n1);
+      detail::with_bf16_dtype(w.dtype, [&](auto t) {
+        kernels::amx::xwt<decltype(t)::value>(part.b, xp, m, k, n1 - n0, part.c, ldy, accumulate);
+      });
+    });
+    return;
+  }
+#endif
+  detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) { detail::gemm_exact(ctx.isa, g.columns(n0, n1)); });
+}
+
+// y[m, n] (+)= x[m, k] W for a weight W [k, n] read along its rows (the soft-embedding product P E).
+inline void linear_transposed(const KernelContext& ctx, const Weight& w, const float* x, std::int64_t ldx,
+                              std::int64_t m, float* y, std::int64_t ldy, bool accumulate = false,
+                              bool serial = false) {
+  const std::int64_t k = w.rows(), n = w.cols();
+  if (m <= 0 || n <= 0) return;
+  kernels::Gemm g;
+  g.a = x;
+  g.lda = ldx;
+  g.b = detail::matrix_of(w, kernels::BForm::kKN);
+  g.c = y;
+  g.ldc = ldy;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.accumulate = accumulate;
+  KernelContext run = ctx;
+  if (serial) run.threads = 1;
+#if DG_X86_KERNELS
+  if (ctx.bf16_tiles()) {
+    std::uint16_t* xa = kernels::scratch<std::uint16_t, 5>(kernels::amx::packed_size(m, k));
+    kernels::amx::pack_activations_rows(x, ldx, m, k, xa);
+    detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
+      const kernels::Gemm part = g.columns(n0, n1);
+      detail::with_bf16_dtype(w.dtype, [&](auto t) {
+        kernels::amx::xw<decltype(t)::value>(part.b, xa, m, k, n1 - n0, part.c, ldy, accumulate);
+      });
+    });
+    return;
+  }
+#endif
+  detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) { detail::gemm_exact(ctx.isa, g.columns(n0, n1)); });
+}
+
+// Experts: for a weight [groups, out, in], rows [begin[g], begin[g + 1]) of x go through group g.
+// One task per group (each group's weights are read once, by one thread).
+inline void grouped_linear(const KernelContext& ctx, const Weight& w, const float* x, std::int64_t ldx,
+                           const std::int64_t* begin, float* y, std::int64_t ldy) {
+  parallel_for(
+      w.groups(),
+      [&](std::int64_t e) {
+        const std::int64_t b = begin[e], rows = begin[e + 1] - b;
+        if (rows > 0) linear(ctx, w.group(e), x + b * ldx, ldx, rows, y + b * ldy, ldy, false, /*serial=*/true);
+      },
+      ctx.threads);
+}
+
+// c[m, n] (+)= a[m, k] b[n, k]^T, both fp32 activations (attention scores).
+inline void matmul_nt(const KernelContext& ctx, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                      float* c, std::int64_t ldc, std::int64_t m, std::int64_t n, std::int64_t k,
+                      bool accumulate = false) {
+  kernels::Gemm g;
+  g.a = a;
+  g.lda = lda;
+  g.b.data = reinterpret_cast<const std::byte*>(b);
+  g.b.dtype = DType::kF32;
+  g.b.ld = ldb;
+  g.b.form = kernels::BForm::kNK;
+  g.c = c;
+  g.ldc = ldc;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.accumulate = accumulate;
+  detail::gemm_exact(ctx.isa, g);
+}
+
+// c[m, n] (+)= a[m, k] b[k, n], both fp32 activations (attention probabilities x values).
+inline void matmul_nn(const KernelContext& ctx, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                      float* c, std::int64_t ldc, std::int64_t m, std::int64_t n, std::int64_t k,
+                      bool accumulate = false) {
+  kernels::Gemm g;
+  g.a = a;
+  g.lda = lda;
+  g.b.data = reinterpret_cast<const std::byte*>(b);
+  g.b.dtype = DType::kF32;
+  g.b.ld = ldb;
+  g.b.form = kernels::BForm::kKN;
+  g.c = c;
+  g.ldc = ldc;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.accumulate = accumulate;
+  detail::gemm_exact(ctx.isa, g);
+}
+
+}  // namespace diffusion_gemma::cpu

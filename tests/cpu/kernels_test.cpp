@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU kernels against oracles, on every kernel family this machine can run (generic always;
+// AVX2, AVX-512 and AMX where the CPU has them; the skipped ones are named in the output):
+//   - products with a weight (linear, linear_transposed, grouped_linear) against a double-precision
+//     sum, for F32, BF16 and F16 weights, with sizes that are not multiples of any panel or tile;
+//   - the exact precision's promise: AVX2 and AVX-512 give the same bits, at any thread count;
+//   - the vector exp / tanh / GELU against core/math.hpp's scalar definitions, bit for bit.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <diffusion_gemma/core/bfloat16.hpp>
+#include <diffusion_gemma/core/float16.hpp>
+#include <diffusion_gemma/cpu/isa.hpp>
+#include <diffusion_gemma/cpu/linear.hpp>
+#include <diffusion_gemma/cpu/vmath.hpp>
+
+#include "support/catch.hpp"
+
+using namespace diffusion_gemma;
+
+namespace {
+
+std::vector<cpu::Isa> runnable_isas() {
+  std::vector<cpu::Isa> out;
+  for (int i = 0; i < static_cast<int>(cpu::Isa::kSentinel); ++i) {
+    const auto isa = static_cast<cpu::Isa>(i);
+    if (isa <= cpu::cpu_features().best()) {
+      out.push_back(isa);
+    } else {
+      WARN("kernel family " << cpu::isa_name(isa) << " not run: this CPU lacks it (" << cpu::cpu_features().flags()
+                            << ")");
+    }
+  }
+  return out;
+}
+
+// A weight stored in `dtype`, with its values as the kernels see them (widened exactly).
+struct TestWeight {
+  std::vector<std::byte> bytes;
+  std::vector<double> values;
+  Weight view;
+};
+
+TestWeight make_weight(DType dtype, std::int64_t rows, std::int64_t cols, std::mt19937& rng, std::int64_t groups = 1,
+                       std::size_t misalign = 0) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  TestWeight w;
+  const std::int64_t n = groups * rows * cols;
+  const std::size_t es = dtype_size(dtype);
+  w.bytes.resize(static_cast<std::size_t>(n) * es + misalign);
+  w.values.resize(static_cast<std::size_t>(n));
+  std::byte* base = w.bytes.data() + misalign;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float f = dist(rng);
+    if (dtype == DType::kF32) {
+      std::memcpy(base + i * 4, &f, 4);
+      w.values[i] = f;
+    } else if (dtype == DType::kBF16) {
+      const bfloat16 b = bfloat16::from_float(f);
+      std::memcpy(base + i * 2, &b.bits, 2);
+      w.values[i] = b.to_float();
+    } else {
+      const float16 h = float16::from_float(f);
+      std::memcpy(base + i * 2, &h.bits, 2);
+      w.values[i] = h.to_float();
+    }
+  }
+  w.view.data = base;
+  w.view.dtype = dtype;
+  w.view.shape = groups > 1 ? Shape{groups, rows, cols} : Shape{rows, cols};
+  return w;
+}
+
+std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Largest |got - want| / (sum_k |a b| + tiny) over the output.
+double worst_relative(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& scale) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / (scale[i] + 1e-30));
+  return worst;
+}
+
+const char* dtype_label(DType t) { return dtype_name(t); }
+
+}  // namespace
+
+TEST_CASE("products with a weight match a double-precision oracle on every kernel family", "[cpu][kernels]") {
+  std::mt19937 rng(1234);
+  struct Size {
+    std::int64_t m, n, k;
+  };
+  // Rows below and above the 4-row streaming kernel and the 6/12-row tiles; columns and depth cut
+  // by every panel (16, 32), tile (16, 32) and block (256) size.
+  const Size sizes[] = {{1, 5, 7}, {2, 33, 48}, {4, 64, 128}, {5, 37, 300}, {13, 70, 257}, {37, 129, 512}, {16, 32, 64}};
+  for (cpu::Isa isa : runnable_isas()) {
+    for (cpu::Precision precision : {cpu::Precision::kExact, cpu::Precision::kFast}) {
+      cpu::KernelContext ctx;
+      ctx.isa = isa;
+      ctx.precision = precision;
+      ctx.threads = 2;
+      // Exact: fp32 accumulation, error ~ sqrt(k) ulp of sum |a b|. Fast on AMX: a and b rounded to
+      // bf16 (2^-9 relative each), so up to ~2^-8 of sum |a b|.
+      const double tolerance = ctx.bf16_tiles() ? 6e-3 : 1e-5;
+      for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+        for (const Size& s : sizes) {
+          for (bool transposed : {false, true}) {
+            for (bool accumulate : {false, true}) {
+              INFO(cpu::isa_name(isa) << " " << cpu::precision_name(precision) << " " << dtype_label(dtype) << " m "
+                                      << s.m << " n " << s.n << " k " << s.k << (transposed ? " x W" : " x W^T")
+                                      << (accumulate ? " accumulate" : ""));
+              // W [n, k] for x W^T; W [k, n] for x W. Unaligned start for F32 to prove unaligned loads.
+              const TestWeight w = transposed ? make_weight(dtype, s.k, s.n, rng, 1, dtype == DType::kF32 ? 2 : 0)
+                                              : make_weight(dtype, s.n, s.k, rng, 1, dtype == DType::kF32 ? 2 : 0);
+              const std::int64_t ldx = s.k + 3, ldy = s.n + 5;
+              const auto x = random_floats(static_cast<std::size_t>(s.m * ldx), rng);
+              auto y = random_floats(static_cast<std::size_t>(s.m * ldy), rng);
+              std::vector<double> want(y.size()), scale(y.size(), 0.0);
+              for (std::int64_t i = 0; i < s.m; ++i) {
+                for (std::int64_t j = 0; j < s.n; ++j) {
+                  double sum = accumulate ? y[i * ldy + j] : 0.0, mag = std::abs(sum);
+                  for (std::int64_t kk = 0; kk < s.k; ++kk) {
+                    const double b = transposed ? w.values[kk * s.n + j] : w.values[j * s.k + kk];
+                    sum += static_cast<double>(x[i * ldx + kk]) * b;
+                    mag += std::abs(static_cast<double>(x[i * ldx + kk]) * b);
+                  }
+                  want[i * ldy + j] = sum;
+                  scale[i * ldy + j] = mag;
+                }
+              }
+              // Columns outside the output (the padding of ldy) must come out untouched.
+              for (std::int64_t i = 0; i < s.m; ++i)
+                for (std::int64_t j = s.n; j < ldy; ++j) want[i * ldy + j] = y[i * ldy + j], scale[i * ldy + j] = 1.0;
+              if (transposed) {
+                cpu::linear_transposed(ctx, w.view, x.data(), ldx, s.m, y.data(), ldy, accumulate);
+              } else {
+                cpu::linear(ctx, w.view, x.data(), ldx, s.m, y.data(), ldy, accumulate);
+              }
+              CHECK(worst_relative(y, want, scale) < tolerance);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("exact products: same bits on AVX2 and AVX-512 and at any thread count", "[cpu][kernels]") {
+  if (cpu::cpu_features().best() < cpu::Isa::kAvx2) {
+    WARN("no AVX2 on this CPU: only the generic family exists here");
+    return;
+  }
+  std::mt19937 rng(99);
+  const std::int64_t m = 40, n = 300, k = 700;
+  const TestWeight w = make_weight(DType::kBF16, n, k, rng);
+  const auto x = random_floats(static_cast<std::size_t>(m * k), rng);
+  const auto run = [&](cpu::Isa isa, int threads) {
+    cpu::KernelContext ctx;
+    ctx.isa = isa;
+    ctx.threads = threads;
+    std::vector<float> y(static_cast<std::size_t>(m * n));
+    cpu::linear(ctx, w.view, x.data(), k, m, y.data(), n);
+    return y;
+  };
+  const auto reference = run(cpu::Isa::kAvx2, 1);
+  CHECK(run(cpu::Isa::kAvx2, 2) == reference);
+  if (cpu::cpu_features().best() >= cpu::Isa::kAvx512) {
+    CHECK(run(cpu::Isa::kAvx512, 1) == reference);
+    CHECK(run(cpu::Isa::kAvx512, 2) == reference);
+  } else {
+    WARN("no AVX-512 on this CPU: the AVX2/AVX-512 agreement is not checked here");
+  }
+}
+
+TEST_CASE("grouped_linear runs each group's rows through that group's weight", "[cpu][kernels]") {
+  std::mt19937 rng(5);
+  const std::int64_t groups = 5, n = 48, k = 40;
+  const TestWeight w = make_weight(DType::kBF16, n, k, rng, groups);
+  const std::vector<std::int64_t> begin{0, 3, 3, 20, 21, 30};  // group 1 empty
+  const auto x = random_floats(static_cast<std::size_t>(30 * k), rng);
+  for (cpu::Isa isa : runnable_isas()) {
+    cpu::KernelContext ctx;
+    ctx.isa = isa;
+    ctx.threads = 2;
+    std::vector<float> y(static_cast<std::size_t>(30 * n), 0.0f), expect(y.size(), 0.0f);
+    cpu::grouped_linear(ctx, w.view, x.data(), k, begin.data(), y.data(), n);
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::int64_t rows = begin[g + 1] - begin[g];
+      if (rows > 0) cpu::linear(ctx, w.view.group(g), x.data() + begin[g] * k, k, rows, expect.data() + begin[g] * n, n);
+    }
+    INFO(cpu::isa_name(isa));
+    CHECK(y == expect);
+  }
+}
+
+TEST_CASE("vector exp, tanh and GELU equal the scalar definitions bit for bit", "[cpu][kernels][math]") {
+  std::vector<float> xs;
+  for (float v = -100.0f; v < 100.0f; v += 0.0137f) xs.push_back(v);
+  for (float v = -1.0f; v < 1.0f; v += 1.3e-4f) xs.push_back(v);
+  for (float v : {0.0f, -0.0f, 0.25f, -0.25f, 0.2499999f, 88.3762626647949f, 88.37626f, -87.3365478515625f, -87.33654f,
+                  1e-30f, -1e-30f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN}) {
+    xs.push_back(v);
+  }
+  const auto same = [](float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0; };
+  for (cpu::Isa isa : runnable_isas()) {
+    INFO(cpu::isa_name(isa));
+    std::vector<float> g = xs, ones(xs.size(), 1.0f);
+    cpu::vmath::gelu_mul(isa, g.data(), ones.data(), static_cast<std::int64_t>(g.size()));
+    std::vector<float> cap = xs;
+    std::int64_t arg = 0;
+    cpu::vmath::softcap_div_max(isa, cap.data(), static_cast<std::int64_t>(cap.size()), 30.0f, 1.0f, &arg);
+    std::vector<float> e = xs;
+    float sum = 0, weighted = 0;
+    cpu::vmath::exp_shift_sums(isa, e.data(), static_cast<std::int64_t>(e.size()), 0.0f, 256, &sum, &weighted, nullptr);
+    int bad_gelu = 0, bad_cap = 0, bad_exp = 0;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      bad_gelu += !same(g[i], math::gelu_tanh(xs[i]) * 1.0f);
+      bad_cap += !same(cap[i], math::softcap(xs[i], 30.0f) / 1.0f);
+      bad_exp += !same(e[i], math::exp_approx(xs[i] - 0.0f));
+    }
+    CHECK(bad_gelu == 0);
+    CHECK(bad_cap == 0);
+    CHECK(bad_exp == 0);
+  }
+}
+
+TEST_CASE("the scalar exp, tanh and GELU stay close to libm", "[cpu][kernels][math]") {
+  double exp_rel = 0.0, tanh_abs = 0.0, gelu_abs = 0.0;
+  for (float x = -87.0f; x < 88.0f; x += 0.00731f) {
+    exp_rel = std::max(exp_rel, std::abs(math::exp_approx(x) - std::exp(static_cast<double>(x))) / std::exp(static_cast<double>(x)));
+  }
+  for (float x = -12.0f; x < 12.0f; x += 0.000731f) {
+    tanh_abs = std::max(tanh_abs, std::abs(math::tanh_approx(x) - std::tanh(static_cast<double>(x))));
+    const double ref = 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * static_cast<double>(x) * x * x)));
+    gelu_abs = std::max(gelu_abs, std::abs(math::gelu_tanh(x) - ref));
+  }
+  INFO("exp relative " << exp_rel << ", tanh absolute " << tanh_abs << ", gelu absolute " << gelu_abs);
+  CHECK(exp_rel < 2.5e-7);   // measured 1.2e-7 (1 ulp)
+  CHECK(tanh_abs < 2e-7);    // measured 6e-8
+  CHECK(gelu_abs < 2e-6);    // measured 9.5e-7 (half an ulp of |x| ~ 12)
+  CHECK(std::isnan(math::exp_approx(NAN)));
+  CHECK(math::exp_approx(-INFINITY) == 0.0f);
+  CHECK(math::exp_approx(INFINITY) == INFINITY);
+}
+
+TEST_CASE("DG_CPU_ISA is parsed strictly", "[cpu][isa]") {
+  CHECK(cpu::resolve_isa(nullptr) == cpu::cpu_features().best());
+  CHECK(cpu::resolve_isa("generic") == cpu::Isa::kGeneric);
+  try {
+    cpu::resolve_isa("avx9");
+    FAIL("an unknown family must be refused");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("DG_CPU_ISA='avx9'") != std::string::npos);
+  }
+  if (cpu::cpu_features().best() < cpu::Isa::kAmx) {
+    CHECK_THROWS_AS(cpu::resolve_isa("amx"), Error);
+  }
+}
