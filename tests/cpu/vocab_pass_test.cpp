@@ -66,7 +66,9 @@ Weight f32_weight(const std::vector<float>& v, std::int64_t rows, std::int64_t c
 
 TEST_CASE("streaming vocabulary pass equals the materialising oracle", "[cpu][vocab]") {
   auto model = cpu::Model::load(dg_test::fixture("dg_wide"));
-  cpu::Engine<DiffusionGemmaBackbone> engine(model);
+  cpu::EngineOptions exact;
+  exact.precision = cpu::Precision::kExact;  // the oracle's tolerances are fp32's
+  cpu::Engine<DiffusionGemmaBackbone> engine(model, exact);
   const auto& cfg = model->config();
   const std::int64_t C = cfg.canvas_length, H = cfg.hidden_size, V = cfg.vocab_size;
   cpu::KvCache cache = engine.make_cache(32);
@@ -167,6 +169,7 @@ TEST_CASE("fast precision: the vocabulary pass on AMX tiles stays within its sta
     return;
   }
   cpu::EngineOptions exact_options;
+  exact_options.precision = cpu::Precision::kExact;
   cpu::Engine<DiffusionGemmaBackbone> exact(model, exact_options);
   const auto& cfg = model->config();
   const std::int64_t C = cfg.canvas_length, H = cfg.hidden_size, V = cfg.vocab_size;

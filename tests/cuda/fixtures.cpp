@@ -62,10 +62,12 @@ CpuReference::CpuReference(const std::string& dir) : impl_(std::make_unique<Impl
   const Weight& E = impl_->model->weights().embed_tokens;
   impl_->embed_f32.resize(static_cast<std::size_t>(E.numel()));
   for (std::int64_t i = 0; i < E.numel(); ++i) impl_->embed_f32[static_cast<std::size_t>(i)] = E.at(i);
+  cpu::EngineOptions exact;  // the oracle: fp32 activations
+  exact.precision = cpu::Precision::kExact;
   if (impl_->model->config().enable_moe_block) {
-    impl_->moe = std::make_unique<cpu::Engine<DiffusionGemmaBackbone>>(impl_->model);
+    impl_->moe = std::make_unique<cpu::Engine<DiffusionGemmaBackbone>>(impl_->model, exact);
   } else {
-    impl_->dense = std::make_unique<cpu::Engine<Gemma4DenseBackbone>>(impl_->model);
+    impl_->dense = std::make_unique<cpu::Engine<Gemma4DenseBackbone>>(impl_->model, exact);
   }
 }
 CpuReference::~CpuReference() = default;

@@ -7,6 +7,7 @@
 // largest difference seen over all fixtures is 1.5e-5 (run with DG_TEST_VERBOSE=1 to print them);
 // 2e-4 leaves 10x headroom and is still ~1000x below what a real bug does (a wrong norm, mask or
 // RoPE pair moves logits by 1e-1 or more).
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -24,12 +25,19 @@ namespace {
 
 constexpr double kLogitTolerance = 2e-4;
 
+// The precision these tolerances are for (the default, fast, is tested separately below).
+cpu::EngineOptions exact() {
+  cpu::EngineOptions o;
+  o.precision = cpu::Precision::kExact;
+  return o;
+}
+
 template <class Backbone>
 struct Harness {
   std::shared_ptr<const cpu::Model> model;
   cpu::Engine<Backbone> engine;
   std::int64_t V, H;
-  explicit Harness(const std::string& dir, cpu::EngineOptions opts = {})
+  explicit Harness(const std::string& dir, cpu::EngineOptions opts = exact())
       : model(cpu::Model::load(dir)), engine(model, opts), V(model->config().vocab_size), H(model->config().hidden_size) {}
 
   std::vector<float> encode_logits(const std::vector<std::int32_t>& ids, cpu::KvCache& cache) {
@@ -47,35 +55,46 @@ struct Harness {
   }
 };
 
-void check_dg_fixture(const std::string& name, cpu::EngineOptions opts = {}) {
+// One golden comparison: what we computed and what transformers wrote.
+struct Quantity {
+  std::string name;
+  std::vector<float> got, want;
+};
+
+// Every quantity of one fixture case: encoder, denoiser, denoiser with SC, commit, second canvas.
+std::vector<Quantity> run_dg_case(Harness<DiffusionGemmaBackbone>& h, const io::SafetensorsFile& golden, int k) {
+  const std::int64_t C = h.model->config().canvas_length;
+  const std::string c = "case" + std::to_string(k) + ".";
+  const auto prompt = dg_test::ids(golden, c + "prompt_ids");
+  std::vector<Quantity> q;
+  cpu::KvCache cache = h.engine.make_cache(static_cast<std::int64_t>(prompt.size()) + 2 * C);
+  q.push_back({"encoder", h.encode_logits(prompt, cache), dg_test::floats(golden, c + "encoder_logits")});
+  const auto canvas = dg_test::ids(golden, c + "canvas_ids");
+  q.push_back({"denoise", h.denoise_logits(canvas, cache), dg_test::floats(golden, c + "denoise_logits")});
+  const auto sc_logits = dg_test::floats(golden, c + "sc_logits");
+  std::vector<float> soft(C * h.H);
+  h.engine.soft_embedding_from_logits(sc_logits.data(), C, soft.data());
+  q.push_back({"denoise+SC", h.denoise_logits(canvas, cache, soft.data()), dg_test::floats(golden, c + "denoise_sc_logits")});
+  CHECK(cache.length() == static_cast<std::int64_t>(prompt.size()));  // the denoiser never writes the cache
+  q.push_back({"commit", h.encode_logits(dg_test::ids(golden, c + "commit_ids"), cache),
+               dg_test::floats(golden, c + "commit_logits")});
+  q.push_back({"second canvas", h.denoise_logits(dg_test::ids(golden, c + "canvas2_ids"), cache),
+               dg_test::floats(golden, c + "denoise2_logits")});
+  return q;
+}
+
+void check_dg_fixture(const std::string& name, cpu::EngineOptions opts = exact()) {
   Harness<DiffusionGemmaBackbone> h(dg_test::fixture(name), opts);
   const io::SafetensorsFile golden(dg_test::fixture(name + "/golden.safetensors"));
-  const std::int64_t C = h.model->config().canvas_length;
   for (int k = 0; k < 3; ++k) {
-    const std::string c = "case" + std::to_string(k) + ".";
-    const auto prompt = dg_test::ids(golden, c + "prompt_ids");
-    INFO(name << " " << c << " prompt length " << prompt.size());
-    cpu::KvCache cache = h.engine.make_cache(static_cast<std::int64_t>(prompt.size()) + 2 * C);
-    const double enc = dg_test::max_abs_diff(h.encode_logits(prompt, cache), dg_test::floats(golden, c + "encoder_logits"));
-    const auto canvas = dg_test::ids(golden, c + "canvas_ids");
-    const double den = dg_test::max_abs_diff(h.denoise_logits(canvas, cache), dg_test::floats(golden, c + "denoise_logits"));
-    const auto sc_logits = dg_test::floats(golden, c + "sc_logits");
-    std::vector<float> soft(C * h.H);
-    h.engine.soft_embedding_from_logits(sc_logits.data(), C, soft.data());
-    const double den_sc =
-        dg_test::max_abs_diff(h.denoise_logits(canvas, cache, soft.data()), dg_test::floats(golden, c + "denoise_sc_logits"));
-    CHECK(cache.length() == static_cast<std::int64_t>(prompt.size()));  // the denoiser never writes the cache
-    const double commit =
-        dg_test::max_abs_diff(h.encode_logits(dg_test::ids(golden, c + "commit_ids"), cache), dg_test::floats(golden, c + "commit_logits"));
-    const double den2 = dg_test::max_abs_diff(h.denoise_logits(dg_test::ids(golden, c + "canvas2_ids"), cache),
-                                              dg_test::floats(golden, c + "denoise2_logits"));
-    if (std::getenv("DG_TEST_VERBOSE")) WARN(name << " " << c << " max |diff|: encoder " << enc << ", denoise " << den << ", denoise+SC " << den_sc
-                       << ", commit " << commit << ", second canvas " << den2);
-    CHECK(enc < kLogitTolerance);
-    CHECK(den < kLogitTolerance);
-    CHECK(den_sc < kLogitTolerance);
-    CHECK(commit < kLogitTolerance);
-    CHECK(den2 < kLogitTolerance);
+    std::string report;
+    for (const Quantity& q : run_dg_case(h, golden, k)) {
+      const double err = dg_test::max_abs_diff(q.got, q.want);
+      INFO(name << " case" << k << " " << q.name);
+      CHECK(err < kLogitTolerance);
+      report += " " + q.name + " " + std::to_string(err);
+    }
+    if (std::getenv("DG_TEST_VERBOSE")) WARN(name << " case" << k << " max |diff|:" << report);
   }
 }
 
@@ -87,8 +106,51 @@ TEST_CASE("DiffusionGemma backbone matches transformers: encoder, denoiser, SC, 
   check_dg_fixture("dg_wide");
 }
 
+// The fast precision rounds every product's inputs to bf16 (8-bit mantissa) on AMX tiles. Its
+// distance to transformers' fp32 logits, over all quantities and cases of dg_small and dg_wide,
+// measured on the AMX machine this project is developed on:
+//   ours, fast:               median 0.017, 99th percentile 0.53, max 1.71, argmax agreement 94.9 %
+//   transformers' own bf16:   median 0.028, 99th percentile 0.47, max 1.69, argmax agreement 94.6 %
+// (the second line: tools/reference/bf16_spread.py). These random-init fixtures amplify rounding
+// (near-tied routers switch experts), so both bf16 runs land equally far from fp32; the bounds
+// below hold ours to about twice that spread. Without AMX the fast precision is the exact one.
+constexpr double kFastP99 = 1.0;
+constexpr double kFastArgmaxAgreement = 0.90;
+
+TEST_CASE("fast precision (bf16 on AMX tiles) against transformers' fp32 logits", "[model][cpu][golden][fast]") {
+  cpu::EngineOptions fast;
+  fast.precision = cpu::Precision::kFast;
+  std::vector<double> diffs;
+  std::int64_t rows = 0, agree = 0;
+  for (const char* name : {"dg_small", "dg_wide"}) {
+    Harness<DiffusionGemmaBackbone> h(dg_test::fixture(name), fast);
+    const io::SafetensorsFile golden(dg_test::fixture(std::string(name) + "/golden.safetensors"));
+    for (int k = 0; k < 3; ++k) {
+      for (const Quantity& q : run_dg_case(h, golden, k)) {
+        REQUIRE(q.got.size() == q.want.size());
+        for (std::size_t i = 0; i < q.got.size(); ++i) diffs.push_back(std::abs(q.got[i] - q.want[i]));
+        for (std::size_t r = 0; r < q.got.size() / static_cast<std::size_t>(h.V); ++r) {
+          const auto g = q.got.begin() + static_cast<std::ptrdiff_t>(r * h.V);
+          const auto w = q.want.begin() + static_cast<std::ptrdiff_t>(r * h.V);
+          agree += std::max_element(g, g + h.V) - g == std::max_element(w, w + h.V) - w;
+          ++rows;
+        }
+      }
+    }
+  }
+  std::sort(diffs.begin(), diffs.end());
+  const double median = diffs[diffs.size() / 2], p99 = diffs[diffs.size() * 99 / 100], worst = diffs.back();
+  const double agreement = static_cast<double>(agree) / static_cast<double>(rows);
+  INFO("fast precision: median " << median << ", p99 " << p99 << ", max " << worst << ", argmax agreement " << agreement);
+  if (std::getenv("DG_TEST_VERBOSE")) {
+    WARN("fast precision: median " << median << ", p99 " << p99 << ", max " << worst << ", argmax agreement " << agreement);
+  }
+  CHECK(p99 < kFastP99);
+  CHECK(agreement >= kFastArgmaxAgreement);
+}
+
 TEST_CASE("encoder chunking is exact: the same logits with 3-token passes", "[model][cpu][golden]") {
-  cpu::EngineOptions opts;
+  cpu::EngineOptions opts = exact();
   opts.max_pass_tokens = 3;
   check_dg_fixture("dg_small", opts);
 }
@@ -130,4 +192,8 @@ TEST_CASE("bad inputs to the backbone name the id or position", "[model][cpu]") 
   cpu::KvCache big = h.engine.make_cache(300);
   std::vector<std::int32_t> toolong(257, 5);  // max_position_embeddings is 256
   CHECK_THROWS_WITH(h.engine.encode(toolong.data(), 257, big), Catch::Matchers::Contains("max_position_embeddings 256"));
+  // A cache made for another model (other layer shapes) is refused, not read out of bounds.
+  auto other = cpu::Model::load(dg_test::fixture("dg_wide"));
+  cpu::KvCache foreign(other->config(), 16);
+  CHECK_THROWS_WITH(h.engine.encode(bad.data(), 2, foreign), Catch::Matchers::Contains("different model"));
 }

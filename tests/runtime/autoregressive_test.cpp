@@ -15,7 +15,9 @@ using Engine = cpu::Engine<DiffusionGemmaBackbone>;
 
 TEST_CASE("autoregressive decoding through the cache equals full recomputation", "[runtime][ar]") {
   auto model = cpu::Model::load(dg_test::fixture("dg_small"));
-  AutoregressiveDecoder<Engine> ar(model);
+  cpu::EngineOptions exact;
+  exact.precision = cpu::Precision::kExact;
+  AutoregressiveDecoder<Engine> ar(model, exact);
   AutoregressiveDecoder<Engine>::Options o;
   o.max_new_tokens = 12;  // crosses the sliding window (6) several times
   o.stop_token_ids = {};
@@ -23,7 +25,7 @@ TEST_CASE("autoregressive decoding through the cache equals full recomputation",
   const auto r = ar.generate(prompt, o);
   REQUIRE(r.tokens.size() == 12u);
 
-  Engine engine(model);
+  Engine engine(model, exact);
   const std::int64_t H = model->config().hidden_size, V = model->config().vocab_size;
   std::vector<std::int32_t> seq = prompt;
   for (std::size_t t = 0; t < r.tokens.size(); ++t) {

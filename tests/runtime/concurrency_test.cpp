@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // One loaded model shared read-only by several decoders in different threads gives exactly the
 // outputs of running them one by one; the same seed gives the same tokens whatever the number of
-// OpenMP threads per engine. (The ThreadSanitizer build of this test is scripts/reliability.sh.)
+// OpenMP threads per engine, in both precisions. (The ThreadSanitizer build of this test is scripts/reliability.sh.)
 #include <thread>
 #include <vector>
 
@@ -16,9 +16,11 @@ using TestDecoder = Decoder<cpu::Engine<DiffusionGemmaBackbone>>;
 
 namespace {
 
-std::vector<std::int32_t> run(const std::shared_ptr<const cpu::Model>& model, int prompt_index, int threads) {
+std::vector<std::int32_t> run(const std::shared_ptr<const cpu::Model>& model, int prompt_index, int threads,
+                              cpu::Precision precision = cpu::Precision::kFast) {
   cpu::EngineOptions eo;
   eo.threads = threads;
+  eo.precision = precision;
   TestDecoder d(model, eo);
   auto o = d.default_options(model->generation_config());
   o.scheduler.max_new_tokens = 3 * model->config().canvas_length;
@@ -48,8 +50,11 @@ TEST_CASE("four decoders sharing one model in four threads match sequential runs
 
 TEST_CASE("the same seed gives the same tokens with 1, 2 and 4 threads, run after run", "[runtime][determinism]") {
   auto model = cpu::Model::load(dg_test::fixture("dg_wide"));
-  const auto reference = run(model, 2, 1);
-  for (int threads : {1, 2, 4, 2}) CHECK(run(model, 2, threads) == reference);
+  for (cpu::Precision p : {cpu::Precision::kExact, cpu::Precision::kFast}) {
+    INFO(cpu::precision_name(p));
+    const auto reference = run(model, 2, 1, p);
+    for (int threads : {1, 2, 4, 2}) CHECK(run(model, 2, threads, p) == reference);
+  }
 }
 
 TEST_CASE("requests beyond the memory budget or the context are refused before any work", "[runtime][limits]") {

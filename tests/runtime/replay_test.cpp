@@ -52,9 +52,16 @@ Expected read_expected(const std::string& path, const GenerationConfig& defaults
   return e;
 }
 
+// Replay parity is the exact precision's contract (fp32 activations, like transformers' fp32 run).
+cpu::EngineOptions exact() {
+  cpu::EngineOptions o;
+  o.precision = cpu::Precision::kExact;
+  return o;
+}
+
 void check_replay(const std::string& checkpoint, const std::string& run) {
   auto model = cpu::Model::load(dg_test::fixture(checkpoint));
-  ReplayDecoder decoder(model);
+  ReplayDecoder decoder(model, exact());
   const std::string base = dg_test::fixture(checkpoint + "/replay/" + run);
   const auto draws = io::load_draws(base + ".draws.safetensors");
   Expected e = read_expected(base + ".json", model->generation_config());
@@ -89,7 +96,7 @@ TEST_CASE("replay parity where the stable-and-confident stop fires", "[runtime][
 
 TEST_CASE("running out of recorded draws names the canvas and step", "[runtime][replay]") {
   auto model = cpu::Model::load(dg_test::fixture("dg_small"));
-  ReplayDecoder decoder(model);
+  ReplayDecoder decoder(model, exact());
   const std::string base = dg_test::fixture("dg_small/replay/default_short");
   const auto draws = io::load_draws(base + ".draws.safetensors");
   Expected e = read_expected(base + ".json", model->generation_config());

@@ -36,7 +36,10 @@ namespace diffusion_gemma::cpu {
 struct EngineOptions {
   int threads = 0;                     // 0: the OpenMP default (OMP_NUM_THREADS or the core count)
   std::int64_t max_pass_tokens = 256;  // longer encoder inputs run in chunks of this size (exact: causal)
-  Precision precision = Precision::kExact;
+  // fast: bf16 products on AMX tiles where the CPU has them (the same as exact elsewhere); its
+  // measured quality on the bundled model is within 1 point of exact on every task
+  // (docs/performance.md). exact: what the parity tests hold to.
+  Precision precision = Precision::kFast;
   // Kernel family; kSentinel: DG_CPU_ISA if set, else the best this CPU runs.
   Isa isa = Isa::kSentinel;
 };
@@ -49,6 +52,7 @@ class Engine {
   using Experts = typename Backbone::Experts;
   using Cache = KvCache;
   static constexpr int kMaxTopK = 64;
+  static constexpr std::int64_t kQueryBlock = 64;  // attention rows per task
 
   explicit Engine(std::shared_ptr<const Model> model, EngineOptions opts = {})
       : model_(std::move(model)), cfg_(model_->config()), opts_(opts) {
@@ -91,7 +95,7 @@ class Engine {
       dmax = std::max<std::size_t>(dmax, static_cast<std::size_t>(s.head_dim));
     }
     std::size_t floats = T * (6 * H + 2 * qd + 2 * kd + 2 * I + dmax);
-    floats += th * T * (static_cast<std::size_t>(capacity) + T);  // attention scores, one head per thread
+    floats += th * 64 * (static_cast<std::size_t>(capacity) + T);  // attention scores, one query block per thread
     floats += T * (static_cast<std::size_t>(capacity) + T) / 4;   // visibility mask (bytes)
     if (cfg.enable_moe_block) {
       const std::size_t E = cfg.num_experts, K = cfg.top_k_experts, Im = cfg.moe_intermediate_size;
@@ -209,7 +213,8 @@ class Engine {
     std::vector<float> x, h, a, o, q, k, v, attn, d, g, u, s;  // [T, ...] activations
     std::vector<float> router;                                   // router logits/probs
     std::vector<float> scores;                                   // per thread: T x (prefix + T)
-    std::vector<std::uint8_t> visible;                           // T x (prefix + T) mask of a layer type
+    std::vector<std::uint8_t> visible;                           // T x (prefix + T) mask of a layer
+    std::vector<std::int64_t> key_span;                          // per query block: keys [first, last)
     std::vector<float> rope_cos, rope_sin;                       // [T, D/2] of a layer type
     std::vector<float> expert_in, expert_mid, expert_out;        // rows sorted by expert
     std::vector<float> topk_w;
@@ -382,16 +387,14 @@ class Engine {
     float* v = ws_.v.data();
     linear(ctx_, W.q_proj, h, H, T, q, Hq * D);
     linear(ctx_, W.k_proj, h, H, T, k, Hkv * D);
-    if (spec.has_v_proj) {
-      linear(ctx_, W.v_proj, h, H, T, v, Hkv * D);
-    } else {
-      std::copy(k, k + T * Hkv * D, v);  // k_eq_v: V comes from the raw k projection
-    }
-    // Per-head norms, then RoPE on q and k (never on v).
+    if (spec.has_v_proj) linear(ctx_, W.v_proj, h, H, T, v, Hkv * D);
+    // Per-head norms, then RoPE on q and k (never on v). With k_eq_v, V is v_norm of the raw k
+    // projection: normed into v before k is normed in place.
     rope_table(spec, T, p0);
     const float* qn = model_->vector(l, Param::kQNorm);
     const float* kn = model_->vector(l, Param::kKNorm);
     const Isa isa = ctx_.isa;
+    const bool k_eq_v = !spec.has_v_proj;
     parallel_for(
         T,
         [&](std::int64_t t) {
@@ -407,10 +410,10 @@ class Engine {
           }
           for (int g = 0; g < Hkv; ++g) {
             float* kr = k + (t * Hkv + g) * D;
+            float* vr = v + (t * Hkv + g) * D;
+            vmath::rms_norm_row(isa, k_eq_v ? kr : vr, nullptr, D, eps, vr);
             vmath::rms_norm_row(isa, kr, kn, D, eps, kr);
             rotate(kr);
-            float* vr = v + (t * Hkv + g) * D;
-            vmath::rms_norm_row(isa, vr, nullptr, D, eps, vr);
           }
         },
         ctx_.threads);
@@ -431,27 +434,64 @@ class Engine {
           }
         },
         ctx_.threads);
-    const std::size_t per_thread = static_cast<std::size_t>(T * Nk);
+    // Queries go in blocks of kQueryBlock rows; each block computes scores only over the span of
+    // keys some row of it sees (a causal block skips the keys after its last row).
+    const std::int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
+    ws_.key_span.resize(static_cast<std::size_t>(2 * blocks));
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      std::int64_t first = Nk, last = -1;
+      for (std::int64_t i = b * kQueryBlock; i < std::min(T, (b + 1) * kQueryBlock); ++i) {
+        const std::uint8_t* row = ws_.visible.data() + i * Nk;
+        for (std::int64_t j = 0; j < Nk; ++j) {
+          if (row[j]) {
+            first = std::min(first, j);
+            break;
+          }
+        }
+        for (std::int64_t j = Nk - 1; j >= 0; --j) {
+          if (row[j]) {
+            last = std::max(last, j);
+            break;
+          }
+        }
+      }
+      ws_.key_span[2 * b] = first;
+      ws_.key_span[2 * b + 1] = last + 1;
+    }
+    const std::size_t per_thread = static_cast<std::size_t>(kQueryBlock * Nk);
     grow(ws_.scores, per_thread * static_cast<std::size_t>(ctx_.threads));
     float* attn = ws_.attn.data();
     parallel_for(
-        Hq,
-        [&](std::int64_t hh) {
+        Hq * blocks,
+        [&](std::int64_t task) {
+          const std::int64_t hh = task / blocks, b = task % blocks;
+          const std::int64_t i0 = b * kQueryBlock, rows = std::min(kQueryBlock, T - i0);
+          const std::int64_t j0 = ws_.key_span[2 * b], j1 = ws_.key_span[2 * b + 1], span = j1 - j0;
+          float* oh = attn + (i0 * Hq + hh) * D;
+          if (span <= 0) {  // no visible key (cannot happen with a causal policy: self is visible)
+            for (std::int64_t i = 0; i < rows; ++i) std::fill(oh + i * Hq * D, oh + i * Hq * D + D, 0.0f);
+            return;
+          }
           const int g = static_cast<int>(hh) / group;
           float* S = ws_.scores.data() + per_thread * static_cast<std::size_t>(thread_index());
-          const float* qh = q + hh * D;
-          // Scores against the visible cached keys, then against the new keys (scale 1.0).
-          if (Np > 0) matmul_nt(ctx_, qh, Hq * D, cache.keys(l, g) + lo * D, D, S, Nk, T, Np, D);
-          matmul_nt(ctx_, qh, Hq * D, k + g * D, Hkv * D, S + Np, Nk, T, T, D);
-          for (std::int64_t i = 0; i < T; ++i) {
-            float* row = S + i * Nk;
-            const std::uint8_t* vis = ws_.visible.data() + i * Nk;
-            for (std::int64_t j = 0; j < Nk; ++j) row[j] = vis[j] ? row[j] : -std::numeric_limits<float>::infinity();
-            vmath::softmax_row(isa, row, Nk);
+          const float* qh = q + (i0 * Hq + hh) * D;
+          // Scores (scale 1.0) over keys [j0, j1): the cached part, then the new part.
+          const std::int64_t c0 = j0, c1 = std::min(j1, Np), n0 = std::max(j0, Np), n1 = j1;
+          if (c1 > c0) matmul_nt(ctx_, qh, Hq * D, cache.keys(l, g) + (lo + c0) * D, D, S, span, rows, c1 - c0, D);
+          if (n1 > n0) {
+            matmul_nt(ctx_, qh, Hq * D, k + ((n0 - Np) * Hkv + g) * D, Hkv * D, S + (n0 - j0), span, rows, n1 - n0, D);
           }
-          float* oh = attn + hh * D;
-          if (Np > 0) matmul_nn(ctx_, S, Nk, cache.values(l, g) + lo * D, D, oh, Hq * D, T, D, Np);
-          matmul_nn(ctx_, S + Np, Nk, v + g * D, Hkv * D, oh, Hq * D, T, D, T, /*accumulate=*/Np > 0);
+          for (std::int64_t i = 0; i < rows; ++i) {
+            float* row = S + i * span;
+            const std::uint8_t* vis = ws_.visible.data() + (i0 + i) * Nk + j0;
+            for (std::int64_t j = 0; j < span; ++j) row[j] = vis[j] ? row[j] : -std::numeric_limits<float>::infinity();
+            vmath::softmax_row(isa, row, span);
+          }
+          if (c1 > c0) matmul_nn(ctx_, S, span, cache.values(l, g) + (lo + c0) * D, D, oh, Hq * D, rows, D, c1 - c0);
+          if (n1 > n0) {
+            matmul_nn(ctx_, S + (n0 - j0), span, v + ((n0 - Np) * Hkv + g) * D, Hkv * D, oh, Hq * D, rows, D, n1 - n0,
+                      /*accumulate=*/c1 > c0);
+          }
         },
         ctx_.threads);
     if (write_to != nullptr) {

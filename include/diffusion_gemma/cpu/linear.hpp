@@ -11,8 +11,8 @@
 //   fast   on CPUs with AMX: activations rounded to bf16, fp32 accumulation on the tiles. Elsewhere
 //          it is exact (this CPU family's AVX512-BF16 dot product measured slower than fp32 FMA).
 //
-// matmul_nt / matmul_nn are the products of two activations (attention scores and values): exact
-// fp32 kernels, no weight involved.
+// matmul_nt / matmul_nn are the products of two activations (attention scores and values), with the
+// same choice of kernels (bf16 tiles in the fast precision on AMX, fp32 otherwise).
 #pragma once
 
 #include <algorithm>
@@ -205,43 +205,60 @@ inline void grouped_linear(const KernelContext& ctx, const Weight& w, const floa
       ctx.threads);
 }
 
-// c[m, n] (+)= a[m, k] b[n, k]^T, both fp32 activations (attention scores).
+namespace detail {
+
+inline kernels::Gemm activation_product(const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                                         kernels::BForm form, float* c, std::int64_t ldc, std::int64_t m,
+                                         std::int64_t n, std::int64_t k, bool accumulate) {
+  kernels::Gemm g;
+  g.a = a;
+  g.lda = lda;
+  g.b.data = reinterpret_cast<const std::byte*>(b);
+  g.b.dtype = DType::kF32;
+  g.b.ld = ldb;
+  g.b.form = form;
+  g.c = c;
+  g.ldc = ldc;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.accumulate = accumulate;
+  return g;
+}
+
+}  // namespace detail
+
+// c[m, n] (+)= a[m, k] b[n, k]^T for two fp32 activations (attention scores), on the calling
+// thread. In the fast precision on AMX both operands are rounded to bf16 on the way to the tiles.
 inline void matmul_nt(const KernelContext& ctx, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                       float* c, std::int64_t ldc, std::int64_t m, std::int64_t n, std::int64_t k,
                       bool accumulate = false) {
-  kernels::Gemm g;
-  g.a = a;
-  g.lda = lda;
-  g.b.data = reinterpret_cast<const std::byte*>(b);
-  g.b.dtype = DType::kF32;
-  g.b.ld = ldb;
-  g.b.form = kernels::BForm::kNK;
-  g.c = c;
-  g.ldc = ldc;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.accumulate = accumulate;
+  const kernels::Gemm g = detail::activation_product(a, lda, b, ldb, kernels::BForm::kNK, c, ldc, m, n, k, accumulate);
+#if DG_X86_KERNELS
+  if (ctx.bf16_tiles() && m > 0 && n > 0) {
+    std::uint16_t* xp = kernels::scratch<std::uint16_t, 6>(kernels::amx::packed_size(m, k));
+    kernels::amx::pack_activations_pairs(a, lda, m, k, xp);
+    kernels::amx::xwt<DType::kF32>(g.b, xp, m, k, n, c, ldc, accumulate);
+    return;
+  }
+#endif
   detail::gemm_exact(ctx.isa, g);
 }
 
-// c[m, n] (+)= a[m, k] b[k, n], both fp32 activations (attention probabilities x values).
+// c[m, n] (+)= a[m, k] b[k, n] for two fp32 activations (attention probabilities x values), on
+// the calling thread; bf16 tiles in the fast precision on AMX.
 inline void matmul_nn(const KernelContext& ctx, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                       float* c, std::int64_t ldc, std::int64_t m, std::int64_t n, std::int64_t k,
                       bool accumulate = false) {
-  kernels::Gemm g;
-  g.a = a;
-  g.lda = lda;
-  g.b.data = reinterpret_cast<const std::byte*>(b);
-  g.b.dtype = DType::kF32;
-  g.b.ld = ldb;
-  g.b.form = kernels::BForm::kKN;
-  g.c = c;
-  g.ldc = ldc;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.accumulate = accumulate;
+  const kernels::Gemm g = detail::activation_product(a, lda, b, ldb, kernels::BForm::kKN, c, ldc, m, n, k, accumulate);
+#if DG_X86_KERNELS
+  if (ctx.bf16_tiles() && m > 0 && n > 0) {
+    std::uint16_t* xa = kernels::scratch<std::uint16_t, 7>(kernels::amx::packed_size(m, k));
+    kernels::amx::pack_activations_rows(a, lda, m, k, xa);
+    kernels::amx::xw<DType::kF32>(g.b, xa, m, k, n, c, ldc, accumulate);
+    return;
+  }
+#endif
   detail::gemm_exact(ctx.isa, g);
 }
 
