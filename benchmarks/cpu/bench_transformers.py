@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""The same measurements as bench_cpu.cpp, through transformers (torch, fp32, inference mode, the
-same thread count), printed as one JSON object. The denoise step is transformers' own
+"""The same measurements as bench_cpu.cpp, through transformers (torch float32 or bfloat16 with
+--dtype, inference mode, the same thread count), printed as one JSON object. The denoise step is transformers' own
 `_denoising_step` (decoder forward, temperature, softmax, multinomial, argmax, entropy-bound
 acceptance, renoise, stopping criteria, self-conditioning logits)."""
 import argparse

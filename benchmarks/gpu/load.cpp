@@ -1,20 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "load.hpp"
 
-#include <diffusion_gemma/io/config.hpp>
-#include <diffusion_gemma/io/safetensors.hpp>
-#include <diffusion_gemma/io/weights.hpp>
+#include <diffusion_gemma/io/load.hpp>
 
 namespace dg_bench {
 
 HostCheckpoint load_checkpoint(const std::string& dir) {
-  namespace io = diffusion_gemma::io;
+  diffusion_gemma::io::LoadedCheckpoint c = diffusion_gemma::io::load_checkpoint(dir);
   HostCheckpoint h;
-  h.config = io::load_model_config(dir);
-  h.generation = io::load_generation_config(dir);
-  auto ckpt = std::make_shared<io::Checkpoint>(dir);
-  h.weights = io::bind_weights(*ckpt, h.config);
-  h.holder = ckpt;
+  h.config = c.config;
+  h.generation = c.generation;
+  h.weights = c.weights;
+  h.holder = c.checkpoint;
   return h;
 }
 

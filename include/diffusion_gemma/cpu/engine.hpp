@@ -215,6 +215,8 @@ class Engine {
     std::vector<float> scores;                                   // per thread: T x (prefix + T)
     std::vector<std::uint8_t> visible;                           // T x (prefix + T) mask of a layer
     std::vector<std::int64_t> key_span;                          // per query block: keys [first, last)
+    std::vector<std::uint16_t> keys_bf16, values_bf16;           // per KV head: tile layouts (fast, AMX)
+    std::vector<float> kv_rows;                                  // per thread: one head's K or V rows
     std::vector<float> rope_cos, rope_sin;                       // [T, D/2] of a layer type
     std::vector<float> expert_in, expert_mid, expert_out;        // rows sorted by expert
     std::vector<float> topk_w;
@@ -458,9 +460,15 @@ class Engine {
       ws_.key_span[2 * b] = first;
       ws_.key_span[2 * b + 1] = last + 1;
     }
+    float* attn = ws_.attn.data();
+#if DG_X86_KERNELS
+    if (ctx_.bf16_tiles()) {
+      attention_on_tiles(l, T, cache, lo, Np, q, k, v, attn);
+    } else
+#endif
+    {
     const std::size_t per_thread = static_cast<std::size_t>(kQueryBlock * Nk);
     grow(ws_.scores, per_thread * static_cast<std::size_t>(ctx_.threads));
-    float* attn = ws_.attn.data();
     parallel_for(
         Hq * blocks,
         [&](std::int64_t task) {
@@ -494,6 +502,7 @@ class Engine {
           }
         },
         ctx_.threads);
+    }
     if (write_to != nullptr) {
       for (int g = 0; g < Hkv; ++g) {
         float* kc = write_to->keys(l, g) + p0 * D;
@@ -506,6 +515,82 @@ class Engine {
     }
     linear(ctx_, W.o_proj, attn, Hq * D, T, out, H);
   }
+
+#if DG_X86_KERNELS
+  // The attention core of the fast precision on AMX tiles. Each KV head's visible keys and values
+  // are converted to bf16 tile layouts once per layer (keys: pairs of dims per key, for q K^T;
+  // values: pairs of keys per dim, for P V), then every (query head, query block) task runs both
+  // products on tiles with direct loads, over its key span rounded out to 32 keys (the extra keys
+  // are masked). Scores, masks and the softmax stay fp32.
+  void attention_on_tiles(int l, std::int64_t T, const KvCache& cache, std::int64_t lo, std::int64_t Np, const float* q,
+                          const float* k, const float* v, float* attn) {
+    namespace amx = kernels::amx;
+    const LayerSpec& spec = cfg_.layers[l];
+    const int D = spec.head_dim, Hq = cfg_.num_heads, Hkv = spec.num_kv_heads, group = Hq / Hkv;
+    const std::int64_t Nk = Np + T, Nk32 = amx::round_up(Nk, 32);
+    const std::size_t key_tiles = amx::packed_size(Nk, D), value_tiles = static_cast<std::size_t>(Nk32 * amx::round_up(D, 16));
+    if (ws_.keys_bf16.size() < key_tiles * Hkv) ws_.keys_bf16.resize(key_tiles * Hkv);
+    if (ws_.values_bf16.size() < value_tiles * Hkv) ws_.values_bf16.resize(value_tiles * Hkv);
+    grow(ws_.kv_rows, static_cast<std::size_t>(ctx_.threads) * static_cast<std::size_t>(Nk * D));
+    parallel_for(
+        Hkv,
+        [&](std::int64_t g) {
+          // This head's visible cached rows then its new rows, contiguous, for each of K and V.
+          float* rows = ws_.kv_rows.data() + static_cast<std::size_t>(thread_index()) * static_cast<std::size_t>(Nk * D);
+          for (int which = 0; which < 2; ++which) {
+            const float* cached = which == 0 ? cache.keys(l, static_cast<int>(g)) : cache.values(l, static_cast<int>(g));
+            const float* fresh = which == 0 ? k : v;
+            if (Np > 0) std::copy(cached + lo * D, cached + (lo + Np) * D, rows);
+            for (std::int64_t t = 0; t < T; ++t) {
+              const float* src = fresh + (t * Hkv + g) * D;
+              std::copy(src, src + D, rows + (Np + t) * D);
+            }
+            if (which == 0) {
+              amx::pack_activations_pairs(rows, D, Nk, D, ws_.keys_bf16.data() + key_tiles * static_cast<std::size_t>(g));
+            } else {
+              amx::pack_pair_tiles(rows, D, Nk, D, ws_.values_bf16.data() + value_tiles * static_cast<std::size_t>(g));
+            }
+          }
+        },
+        ctx_.threads);
+    const std::int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
+    const Isa isa = ctx_.isa;
+    parallel_for(
+        Hq * blocks,
+        [&](std::int64_t task) {
+          const std::int64_t hh = task / blocks, b = task % blocks;
+          const std::int64_t i0 = b * kQueryBlock, rows = std::min(kQueryBlock, T - i0);
+          const std::int64_t j0 = ws_.key_span[2 * b], j1 = ws_.key_span[2 * b + 1];
+          float* oh = attn + (i0 * Hq + hh) * D;
+          if (j1 <= j0) {  // no visible key (cannot happen with a causal policy: self is visible)
+            for (std::int64_t i = 0; i < rows; ++i) std::fill(oh + i * Hq * D, oh + i * Hq * D + D, 0.0f);
+            return;
+          }
+          const std::int64_t a0 = j0 / 32 * 32, a1 = std::min(amx::round_up(j1, 32), Nk32), span = a1 - a0;
+          const std::int64_t rows16 = amx::round_up(rows, 16);
+          std::uint16_t* qb = kernels::scratch<std::uint16_t, 8>(static_cast<std::size_t>(rows16 * amx::round_up(D, 32)));
+          float* S = kernels::scratch<float, 9>(static_cast<std::size_t>(rows16 * span));
+          std::uint16_t* pb = kernels::scratch<std::uint16_t, 10>(static_cast<std::size_t>(rows16 * span));
+          const int g = static_cast<int>(hh) / group;
+          amx::pack_activations_rows(q + (i0 * Hq + hh) * D, Hq * D, rows, D, qb);
+          amx::scores_on_tiles(qb, rows, D, ws_.keys_bf16.data() + key_tiles * static_cast<std::size_t>(g), a0 / 16,
+                               span / 16, S, span);
+          for (std::int64_t i = 0; i < rows; ++i) {
+            float* row = S + i * span;
+            const std::uint8_t* vis = ws_.visible.data() + (i0 + i) * Nk;
+            for (std::int64_t j = 0; j < span; ++j) {
+              const std::int64_t key = a0 + j;
+              if (key >= Nk || !vis[key]) row[j] = -std::numeric_limits<float>::infinity();
+            }
+            vmath::softmax_row(isa, row, span);
+          }
+          amx::pack_activations_rows(S, span, rows, span, pb);
+          amx::values_on_tiles(pb, rows, ws_.values_bf16.data() + value_tiles * static_cast<std::size_t>(g), a0 / 32,
+                               span / 32, D, oh, Hq * D, false);
+        },
+        ctx_.threads);
+  }
+#endif
 
   // Router (on the residual r) and experts (on pre_ff_2(r)); writes the combined output [T, H].
   void mixture_of_experts(int l, std::int64_t T, const float* r, float* out) {

@@ -34,7 +34,9 @@ inline int thread_index() {
 }
 
 // Runs f(i) for i in [0, n) on up to `threads` threads (0: the default); each i is independent.
-// Inside a parallel region it runs serially: the outer loop already owns the threads.
+// Inside a parallel region it runs serially: the outer loop already owns the threads. Indices are
+// handed out dynamically, one at a time when there are few (uneven tasks such as experts), in
+// runs of n / (8 threads) when there are many (rows of a matrix), to keep the hand-out cheap.
 template <class F>
 void parallel_for(std::int64_t n, F&& f, int threads = 0) {
 #if defined(_OPENMP)
@@ -43,7 +45,8 @@ void parallel_for(std::int64_t n, F&& f, int threads = 0) {
     for (std::int64_t i = 0; i < n; ++i) f(i);
     return;
   }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(t)
+  const std::int64_t chunk = n >= 64 * t ? n / (8 * t) : 1;
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(t)
   for (std::int64_t i = 0; i < n; ++i) f(i);
 #else
   (void)threads;

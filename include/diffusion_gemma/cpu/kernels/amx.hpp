@@ -193,6 +193,132 @@ inline void xwt(const MatrixB& w, const std::uint16_t* xp, std::int64_t m, std::
   _tile_release();
 }
 
+// One B tile from B [k, n] rows (BForm::kKN): row p, 32-bit column j holds (B[32 kb + 2p][c0 + j],
+// B[32 kb + 2p + 1][c0 + j]); zeros outside B.
+template <DType T>
+inline void build_pair_tile(const MatrixB& b, std::int64_t k, std::int64_t n, std::int64_t kb, std::int64_t c0,
+                            std::uint16_t* tile) {
+  const std::int64_t count = n - c0 < 16 ? n - c0 : 16;
+  const std::size_t off = static_cast<std::size_t>(c0) * dtype_size(T);
+  for (int p = 0; p < 16; ++p) {
+    const std::int64_t r0 = kb * 32 + 2 * p;
+    const __m512i lo = r0 < k ? load_bf16x16_wide<T>(b.row(r0) + off, count) : _mm512_setzero_si512();
+    const __m512i hi = r0 + 1 < k ? load_bf16x16_wide<T>(b.row(r0 + 1) + off, count) : _mm512_setzero_si512();
+    _mm512_storeu_si512(tile + p * 32, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+}
+
+// Every B tile of B [k, n] (fp32 rows), tile (kb, nb) at (kb * ceil(n / 16) + nb) * 512: the
+// attention's values, prepared once per layer and read by every query block.
+inline void pack_pair_tiles(const float* b, std::int64_t ldb, std::int64_t k, std::int64_t n, std::uint16_t* out) {
+  MatrixB m;
+  m.data = reinterpret_cast<const std::byte*>(b);
+  m.dtype = DType::kF32;
+  m.ld = ldb;
+  m.form = BForm::kKN;
+  const std::int64_t kb_count = (k + 31) / 32, nb_count = (n + 15) / 16;
+  for (std::int64_t kb = 0; kb < kb_count; ++kb)
+    for (std::int64_t nb = 0; nb < nb_count; ++nb) build_pair_tile<DType::kF32>(m, k, n, kb, nb * 16, out + (kb * nb_count + nb) * 512);
+}
+
+// C tile (16 x 16 fp32) to c (row stride ldc), adding to it or not, cut to rows x cols.
+inline void store_tile_rows(const float* tile, std::int64_t rows, std::int64_t cols, float* c, std::int64_t ldc,
+                            bool accumulate) {
+  const __mmask16 m = avx512::lanes(cols);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const __m512 v = _mm512_loadu_ps(tile + r * 16);
+    float* dst = c + r * ldc;
+    _mm512_mask_storeu_ps(dst, m, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst), v) : v);
+  }
+}
+
+// Attention scores on tiles: s[r][16 t + j] = q[r] . key[16 (t0 + t) + j] for rows r < m and key
+// tiles t in [0, tiles), q given as bf16 rows [round_up(m, 16), kp] (pack_activations_rows) and the
+// keys as pair tiles (pack_activations_pairs over [keys, d]: tile (key tile, d block)). s rows are
+// `lds` floats apart and must hold round_up(m, 16) rows and 16 * tiles columns.
+inline void scores_on_tiles(const std::uint16_t* q, std::int64_t m, std::int64_t d, const std::uint16_t* keys,
+                            std::int64_t t0, std::int64_t tiles, float* s, std::int64_t lds) {
+  const std::int64_t mb_count = (m + 15) / 16, db_count = (d + 31) / 32, kp = db_count * 32;
+  configure();
+  for (std::int64_t t = 0; t < tiles; t += 2) {
+    const bool two = t + 1 < tiles;
+    for (std::int64_t mb = 0; mb < mb_count; mb += 2) {
+      const bool twom = mb + 1 < mb_count;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (std::int64_t db = 0; db < db_count; ++db) {
+        _tile_loadd(4, q + mb * 16 * kp + db * 32, kp * 2);
+        _tile_loadd(6, keys + ((t0 + t) * db_count + db) * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two) {
+          _tile_loadd(7, keys + ((t0 + t + 1) * db_count + db) * 512, 64);
+          _tile_dpbf16ps(1, 4, 7);
+        }
+        if (twom) {
+          _tile_loadd(5, q + (mb + 1) * 16 * kp + db * 32, kp * 2);
+          _tile_dpbf16ps(2, 5, 6);
+          if (two) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      float* c = s + mb * 16 * lds + t * 16;
+      _tile_stored(0, c, lds * 4);
+      if (two) _tile_stored(1, c + 16, lds * 4);
+      if (twom) {
+        _tile_stored(2, c + 16 * lds, lds * 4);
+        if (two) _tile_stored(3, c + 16 * lds + 16, lds * 4);
+      }
+    }
+  }
+  _tile_release();
+}
+
+// Attention output on tiles: o[r][:d] (+)= p[r] . V over key blocks [kb0, kb0 + kbs) of 32, p given
+// as bf16 rows [round_up(m, 16), 32 kbs] and V as pair tiles (pack_pair_tiles over [keys, d]).
+inline void values_on_tiles(const std::uint16_t* p, std::int64_t m, const std::uint16_t* values, std::int64_t kb0,
+                            std::int64_t kbs, std::int64_t d, float* o, std::int64_t ldo, bool accumulate) {
+  const std::int64_t mb_count = (m + 15) / 16, nb_count = (d + 15) / 16, kp = kbs * 32;
+  float* tiles = scratch<float, 2>(4 * 256);
+  configure();
+  for (std::int64_t nb = 0; nb < nb_count; nb += 2) {
+    const bool two = nb + 1 < nb_count;
+    for (std::int64_t mb = 0; mb < mb_count; mb += 2) {
+      const bool twom = mb + 1 < mb_count;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (std::int64_t kb = 0; kb < kbs; ++kb) {
+        _tile_loadd(4, p + mb * 16 * kp + kb * 32, kp * 2);
+        _tile_loadd(6, values + ((kb0 + kb) * nb_count + nb) * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two) {
+          _tile_loadd(7, values + ((kb0 + kb) * nb_count + nb + 1) * 512, 64);
+          _tile_dpbf16ps(1, 4, 7);
+        }
+        if (twom) {
+          _tile_loadd(5, p + (mb + 1) * 16 * kp + kb * 32, kp * 2);
+          _tile_dpbf16ps(2, 5, 6);
+          if (two) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, tiles, 64);
+      _tile_stored(1, tiles + 256, 64);
+      _tile_stored(2, tiles + 512, 64);
+      _tile_stored(3, tiles + 768, 64);
+      for (int i = 0; i < (twom ? 2 : 1); ++i) {
+        for (int j = 0; j < (two ? 2 : 1); ++j) {
+          const std::int64_t r0 = (mb + i) * 16, c0 = (nb + j) * 16;
+          store_tile_rows(tiles + (2 * i + j) * 256, m - r0 < 16 ? m - r0 : 16, d - c0 < 16 ? d - c0 : 16,
+                          o + r0 * ldo + c0, ldo, accumulate);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
 // y[m, n] (+)= x B for B [k, n] (BForm::kKN), x given as bf16 rows by pack_activations_rows.
 template <DType T>
 inline void xw(const MatrixB& b, const std::uint16_t* xa, std::int64_t m, std::int64_t k, std::int64_t n, float* y,
@@ -207,15 +333,7 @@ inline void xw(const MatrixB& b, const std::uint16_t* xa, std::int64_t m, std::i
     // B tiles of this strip: row p of tile (kb, half) pairs B rows 32 kb + 2p and + 1.
     for (std::int64_t kb = 0; kb < kb_count; ++kb) {
       for (int half = 0; half < (two ? 2 : 1); ++half) {
-        std::uint16_t* tile = bt + (kb * 2 + half) * 512;
-        const std::int64_t c0 = n0 + 16 * half, count = n - c0 < 16 ? n - c0 : 16;
-        for (int p = 0; p < 16; ++p) {
-          const std::int64_t r0 = kb * 32 + 2 * p;
-          const std::size_t off = static_cast<std::size_t>(c0) * dtype_size(T);
-          const __m512i lo = r0 < k ? load_bf16x16_wide<T>(b.row(r0) + off, count) : _mm512_setzero_si512();
-          const __m512i hi = r0 + 1 < k ? load_bf16x16_wide<T>(b.row(r0 + 1) + off, count) : _mm512_setzero_si512();
-          _mm512_storeu_si512(tile + p * 32, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-        }
+        build_pair_tile<T>(b, k, n, kb, n0 + 16 * half, bt + (kb * 2 + half) * 512);
       }
     }
     for (std::int64_t mb = 0; mb < mb_count; mb += 2) {
