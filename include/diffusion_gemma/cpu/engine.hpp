@@ -52,7 +52,8 @@ class Engine {
   using Experts = typename Backbone::Experts;
   using Cache = KvCache;
   static constexpr int kMaxTopK = 64;
-  static constexpr std::int64_t kQueryBlock = 64;  // attention rows per task
+  static constexpr std::int64_t kQueryBlock = 64;     // attention rows per task
+  static constexpr std::int64_t kMinTileQueries = 16;  // fewer queries: fp32 attention
 
   explicit Engine(std::shared_ptr<const Model> model, EngineOptions opts = {})
       : model_(std::move(model)), cfg_(model_->config()), opts_(opts) {
@@ -461,8 +462,12 @@ class Engine {
       ws_.key_span[2 * b + 1] = last + 1;
     }
     float* attn = ws_.attn.data();
+    // Passes of a few tokens (autoregressive decoding) would convert every visible key to tiles
+    // for a handful of queries: they stay on the fp32 kernels.
+    KernelContext actx = ctx_;
+    if (T < kMinTileQueries) actx.precision = Precision::kExact;
 #if DG_X86_KERNELS
-    if (ctx_.bf16_tiles()) {
+    if (actx.bf16_tiles()) {
       attention_on_tiles(l, T, cache, lo, Np, q, k, v, attn);
     } else
 #endif
@@ -485,9 +490,9 @@ class Engine {
           const float* qh = q + (i0 * Hq + hh) * D;
           // Scores (scale 1.0) over keys [j0, j1): the cached part, then the new part.
           const std::int64_t c0 = j0, c1 = std::min(j1, Np), n0 = std::max(j0, Np), n1 = j1;
-          if (c1 > c0) matmul_nt(ctx_, qh, Hq * D, cache.keys(l, g) + (lo + c0) * D, D, S, span, rows, c1 - c0, D);
+          if (c1 > c0) matmul_nt(actx, qh, Hq * D, cache.keys(l, g) + (lo + c0) * D, D, S, span, rows, c1 - c0, D);
           if (n1 > n0) {
-            matmul_nt(ctx_, qh, Hq * D, k + ((n0 - Np) * Hkv + g) * D, Hkv * D, S + (n0 - j0), span, rows, n1 - n0, D);
+            matmul_nt(actx, qh, Hq * D, k + ((n0 - Np) * Hkv + g) * D, Hkv * D, S + (n0 - j0), span, rows, n1 - n0, D);
           }
           for (std::int64_t i = 0; i < rows; ++i) {
             float* row = S + i * span;
@@ -495,9 +500,9 @@ class Engine {
             for (std::int64_t j = 0; j < span; ++j) row[j] = vis[j] ? row[j] : -std::numeric_limits<float>::infinity();
             vmath::softmax_row(isa, row, span);
           }
-          if (c1 > c0) matmul_nn(ctx_, S, span, cache.values(l, g) + (lo + c0) * D, D, oh, Hq * D, rows, D, c1 - c0);
+          if (c1 > c0) matmul_nn(actx, S, span, cache.values(l, g) + (lo + c0) * D, D, oh, Hq * D, rows, D, c1 - c0);
           if (n1 > n0) {
-            matmul_nn(ctx_, S + (n0 - j0), span, v + ((n0 - Np) * Hkv + g) * D, Hkv * D, oh, Hq * D, rows, D, n1 - n0,
+            matmul_nn(actx, S + (n0 - j0), span, v + ((n0 - Np) * Hkv + g) * D, Hkv * D, oh, Hq * D, rows, D, n1 - n0,
                       /*accumulate=*/c1 > c0);
           }
         },

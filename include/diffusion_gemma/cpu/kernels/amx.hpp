@@ -141,12 +141,17 @@ inline void stage_rows(const MatrixB& w, std::int64_t n0, std::int64_t rows, std
 }
 
 // y[m, n] (+)= x W^T for W [n, k] (BForm::kNK) from activations packed by pack_activations_pairs.
+// The depth is cut into blocks of kDepthTiles x 32 so that the 32 rows of W in use stay in L1 while
+// every tile pair of x streams past them; partial sums of those 32 rows wait, as tiles, in a small
+// buffer between the blocks and are transposed out once.
 template <DType T>
 inline void xwt(const MatrixB& w, const std::uint16_t* xp, std::int64_t m, std::int64_t k, std::int64_t n, float* y,
                 std::int64_t ldy, bool accumulate) {
+  constexpr std::int64_t kDepthTiles = 16;  // 32 rows x 512 bf16 of W = 32 KiB
   const std::int64_t mb_count = (m + 15) / 16, kb_count = (k + 31) / 32, kp = kb_count * 32;
   std::uint16_t* slab = scratch<std::uint16_t, 1>(static_cast<std::size_t>(32 * kp));
   float* tiles = scratch<float, 2>(4 * 256);
+  float* partial = scratch<float, 11>(static_cast<std::size_t>((mb_count + 1) * 2 * 256));
   configure();
   for (std::int64_t n0 = 0; n0 < n; n0 += 32) {
     const std::int64_t rows = n - n0 < 32 ? n - n0 : 32;
@@ -156,36 +161,55 @@ inline void xwt(const MatrixB& w, const std::uint16_t* xp, std::int64_t m, std::
     const std::uint16_t* a0 = direct ? reinterpret_cast<const std::uint16_t*>(w.row(n0)) : slab;
     const std::uint16_t* a1 = direct ? reinterpret_cast<const std::uint16_t*>(w.row(n0 + 16)) : slab + 16 * kp;
     const std::int64_t stride = direct ? w.ld * 2 : kp * 2;
-    for (std::int64_t mb = 0; mb < mb_count; mb += 2) {
-      const bool twom = mb + 1 < mb_count;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (std::int64_t kb = 0; kb < kb_count; ++kb) {
-        _tile_loadd(4, a0 + kb * 32, stride);
-        _tile_loadd(6, xp + (mb * kb_count + kb) * 512, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        if (twom) {
-          _tile_loadd(7, xp + ((mb + 1) * kb_count + kb) * 512, 64);
-          _tile_dpbf16ps(1, 4, 7);
+    for (std::int64_t kb0 = 0; kb0 < kb_count; kb0 += kDepthTiles) {
+      const std::int64_t kb1 = kb0 + kDepthTiles < kb_count ? kb0 + kDepthTiles : kb_count;
+      const bool first = kb0 == 0, last = kb1 == kb_count;
+      for (std::int64_t mb = 0; mb < mb_count; mb += 2) {
+        const bool twom = mb + 1 < mb_count;
+        float* part = partial + mb * 2 * 256;  // tiles (mb, half 0), (mb, 1), (mb + 1, 0), (mb + 1, 1)
+        if (first) {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        } else {
+          _tile_loadd(0, part, 64);
+          _tile_loadd(1, part + 512, 64);
+          _tile_loadd(2, part + 256, 64);
+          _tile_loadd(3, part + 768, 64);
         }
-        if (two) {
-          _tile_loadd(5, a1 + kb * 32, stride);
-          _tile_dpbf16ps(2, 5, 6);
-          if (twom) _tile_dpbf16ps(3, 5, 7);
+        for (std::int64_t kb = kb0; kb < kb1; ++kb) {
+          _tile_loadd(4, a0 + kb * 32, stride);
+          _tile_loadd(6, xp + (mb * kb_count + kb) * 512, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          if (twom) {
+            _tile_loadd(7, xp + ((mb + 1) * kb_count + kb) * 512, 64);
+            _tile_dpbf16ps(1, 4, 7);
+          }
+          if (two) {
+            _tile_loadd(5, a1 + kb * 32, stride);
+            _tile_dpbf16ps(2, 5, 6);
+            if (twom) _tile_dpbf16ps(3, 5, 7);
+          }
         }
-      }
-      _tile_stored(0, tiles, 64);
-      _tile_stored(1, tiles + 256, 64);
-      _tile_stored(2, tiles + 512, 64);
-      _tile_stored(3, tiles + 768, 64);
-      for (int i = 0; i < (two ? 2 : 1); ++i) {
-        for (int j = 0; j < (twom ? 2 : 1); ++j) {
-          const std::int64_t t0 = (mb + j) * 16;
-          const std::int64_t nt = m - t0 < 16 ? m - t0 : 16;
-          const std::int64_t ni = rows - 16 * i < 16 ? rows - 16 * i : 16;
-          store_transposed(tiles + (2 * i + j) * 256, ni, nt, y + t0 * ldy + n0 + 16 * i, ldy, accumulate);
+        if (!last) {
+          _tile_stored(0, part, 64);
+          _tile_stored(1, part + 512, 64);
+          _tile_stored(2, part + 256, 64);
+          _tile_stored(3, part + 768, 64);
+          continue;
+        }
+        _tile_stored(0, tiles, 64);
+        _tile_stored(1, tiles + 256, 64);
+        _tile_stored(2, tiles + 512, 64);
+        _tile_stored(3, tiles + 768, 64);
+        for (int i = 0; i < (two ? 2 : 1); ++i) {
+          for (int j = 0; j < (twom ? 2 : 1); ++j) {
+            const std::int64_t t0 = (mb + j) * 16;
+            const std::int64_t nt = m - t0 < 16 ? m - t0 : 16;
+            const std::int64_t ni = rows - 16 * i < 16 ? rows - 16 * i : 16;
+            store_transposed(tiles + (2 * i + j) * 256, ni, nt, y + t0 * ldy + n0 + 16 * i, ldy, accumulate);
+          }
         }
       }
     }
