@@ -11,7 +11,8 @@ chart benchmarks/cpu/results[-ISA].svg.
         [--configs bundled,small,medium] [--threads 2] [--isa avx2]
 
 --isa forces our kernel family (DG_CPU_ISA) to cover a CPU without AVX-512/AMX on one that has
-them; transformers is unaffected. Checkpoints (BF16, as released) are generated on first use into
+them; transformers is limited the same way (ATEN_CPU_CAPABILITY for torch's own kernels,
+ONEDNN_MAX_CPU_ISA for oneDNN's matmuls), so both sides run what such a CPU would run. Checkpoints (BF16, as released) are generated on first use into
 --work (tools/reference/make_bench_checkpoints.py). Benchmarks measure; nothing here gates on time.
 """
 import argparse
@@ -168,6 +169,11 @@ def main():
         return
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
     ours_env = dict(env, DG_CPU_ISA=args.isa) if args.isa else env
+    torch_env = env
+    if args.isa in ("generic", "avx2", "avx512"):
+        aten = {"generic": "default", "avx2": "avx2", "avx512": "avx512"}[args.isa]
+        onednn = {"generic": "SSE41", "avx2": "AVX2", "avx512": "AVX512_CORE"}[args.isa]
+        torch_env = dict(env, ATEN_CPU_CAPABILITY=aten, ONEDNN_MAX_CPU_ISA=onednn, DNNL_MAX_CPU_ISA=onednn)
     results, verdicts = {}, {}
     for name in args.configs.split(","):
         if name == "bundled":
@@ -185,9 +191,9 @@ def main():
         # Interleaved, one after the other on the same machine state.
         res = {}
         res["fast"] = run_json([args.bench] + common + ["--precision", "fast"], ours_env)
-        res["torch_fp32"] = run_json(torch_cmd + ["--dtype", "float32"], env)
+        res["torch_fp32"] = run_json(torch_cmd + ["--dtype", "float32"], torch_env)
         res["exact"] = run_json([args.bench] + common + ["--precision", "exact"], ours_env)
-        res["torch_bf16"] = run_json(torch_cmd + ["--dtype", "bfloat16"], env)
+        res["torch_bf16"] = run_json(torch_cmd + ["--dtype", "bfloat16"], torch_env)
         results[name] = res
         verdicts[name] = report(name, res, args.threads)
     first = next(iter(results.values()))["fast"]

@@ -104,6 +104,15 @@ class Engine {
     }
     floats += 2 * T * H;  // the hidden states and the SC state of denoise_step
     std::size_t bytes = floats * sizeof(float) + 2 * T * std::max(H, I) * 2;  // bf16 packed activations
+    // Attention on AMX tiles (fast): every KV head's visible keys and values in bf16 tile layouts,
+    // and one head's fp32 rows per thread while they are converted.
+    std::size_t kv_tiles = 0;
+    const std::size_t keys = static_cast<std::size_t>(capacity) + T + 32;
+    for (const auto& s : cfg.layers) {
+      const std::size_t d = static_cast<std::size_t>(s.head_dim);
+      kv_tiles = std::max(kv_tiles, static_cast<std::size_t>(s.num_kv_heads) * keys * ((d + 31) / 32 * 32 + (d + 15) / 16 * 16) * 2);
+    }
+    bytes += kv_tiles + th * keys * dmax * sizeof(float);
     if (cfg.is_diffusion()) bytes += VocabPass::workspace_bytes(static_cast<std::int64_t>(T), cfg.hidden_size);
     return KvCache::bytes_for(cfg, capacity) + bytes;
   }
@@ -270,8 +279,6 @@ class Engine {
   void run_pass(AttentionMode mode, const std::int32_t* ids, std::int64_t T, const float* soft_embedding,
                 const KvCache& cache, KvCache* write_to, std::int64_t p0, float* hidden_out) {
     if (T > reserved_) reserve(T);
-    const int H = cfg_.hidden_size;
-    const float eps = static_cast<float>(cfg_.rms_norm_eps);
     float* x = ws_.x.data();
     embed(ids, T, x);
     if (mode == AttentionMode::kDenoiser) {
@@ -281,8 +288,6 @@ class Engine {
     }
     for (int l = 0; l < cfg_.num_layers(); ++l) layer(l, mode, T, cache, write_to, p0);
     if (hidden_out != nullptr) norm_rows(x, model_->vector(-1, Param::kFinalNorm), T, hidden_out);
-    (void)H;
-    (void)eps;
   }
 
   void embed(const std::int32_t* ids, std::int64_t T, float* x) const {
@@ -290,8 +295,8 @@ class Engine {
     const float scale = model_->embed_scale();
     const Weight& E = model_->weights().embed_tokens;
     for (std::int64_t t = 0; t < T; ++t) {
-      const Weight row = E.row_range(ids[t], 1);
-      for (int i = 0; i < H; ++i) x[t * H + i] = row.at(i) * scale;
+      const std::byte* row = E.row_range(ids[t], 1).data;
+      for (int i = 0; i < H; ++i) x[t * H + i] = kernels::MatrixB::element(row, E.dtype, i) * scale;
     }
   }
 

@@ -9,7 +9,8 @@
 //   exact  fp32 activations and accumulation; BF16/F16 weights widened exactly in registers. The
 //          products every parity test holds to (bitwise equal between the AVX2 and AVX-512 paths).
 //   fast   on CPUs with AMX: activations rounded to bf16, fp32 accumulation on the tiles. Elsewhere
-//          it is exact (this CPU family's AVX512-BF16 dot product measured slower than fp32 FMA).
+//          it is exact (this CPU family's AVX512-BF16 dot product measured slower than fp32 FMA),
+//          and so are products of at most 4 rows, which only stream the weight.
 //
 // matmul_nt / matmul_nn are the products of two activations (attention scores and values), with the
 // same choice of kernels (bf16 tiles in the fast precision on AMX, fp32 otherwise).
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <diffusion_gemma/core/status.hpp>
 #include <diffusion_gemma/cpu/isa.hpp>
@@ -111,6 +113,11 @@ void over_columns(const KernelContext& ctx, std::int64_t m, std::int64_t n, std:
       pieces, [&](std::int64_t p) { f(p * piece, std::min(n, (p + 1) * piece)); }, ctx.threads);
 }
 
+// Products with at most kStreamRows rows (autoregressive decoding) are bound by reading the weight
+// once, which the fp32 kernels do in row order; a 16-row tile would be mostly padding.
+inline constexpr std::int64_t kStreamRows = 4;
+inline bool tiles_for(const KernelContext& ctx, std::int64_t m) { return ctx.bf16_tiles() && m > kStreamRows; }
+
 #if DG_X86_KERNELS
 template <class F>
 void with_bf16_dtype(DType t, F&& f) {
@@ -143,7 +150,7 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
   KernelContext run = ctx;
   if (serial) run.threads = 1;
 #if DG_X86_KERNELS
-  if (ctx.bf16_tiles()) {
+  if (detail::tiles_for(ctx, m)) {
     std::uint16_t* xp = kernels::scratch<std::uint16_t, 4>(kernels::amx::packed_size(m, k));
     kernels::amx::pack_activations_pairs(x, ldx, m, k, xp);
     detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
@@ -156,6 +163,51 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
   }
 #endif
   detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) { detail::gemm_exact(ctx.isa, g.columns(n0, n1)); });
+}
+
+// Activations prepared once for several products with weights of the same width (the LM head's
+// hidden states against every vocabulary tile): bf16 pair tiles on AMX, the fp32 rows otherwise.
+class PackedActivations {
+ public:
+  void pack(const KernelContext& ctx, const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k) {
+    x_ = x;
+    ldx_ = ldx;
+    m_ = m;
+    k_ = k;
+#if DG_X86_KERNELS
+    if (detail::tiles_for(ctx, m)) {
+      pairs_.resize(kernels::amx::packed_size(m, k));
+      kernels::amx::pack_activations_pairs(x, ldx, m, k, pairs_.data());
+      return;
+    }
+#endif
+    pairs_.clear();
+  }
+  const float* rows() const { return x_; }
+  std::int64_t ld() const { return ldx_; }
+  std::int64_t m() const { return m_; }
+  std::int64_t k() const { return k_; }
+  const std::uint16_t* pairs() const { return pairs_.empty() ? nullptr : pairs_.data(); }
+
+ private:
+  const float* x_ = nullptr;
+  std::int64_t ldx_ = 0, m_ = 0, k_ = 0;
+  std::vector<std::uint16_t> pairs_;
+};
+
+// linear() from prepared activations, on the calling thread.
+inline void linear(const KernelContext& ctx, const Weight& w, const PackedActivations& x, float* y, std::int64_t ldy,
+                   bool accumulate = false) {
+#if DG_X86_KERNELS
+  if (ctx.bf16_tiles() && x.pairs() != nullptr) {
+    const kernels::MatrixB b = detail::matrix_of(w, kernels::BForm::kNK);
+    detail::with_bf16_dtype(w.dtype, [&](auto t) {
+      kernels::amx::xwt<decltype(t)::value>(b, x.pairs(), x.m(), w.cols(), w.rows(), y, ldy, accumulate);
+    });
+    return;
+  }
+#endif
+  linear(ctx, w, x.rows(), x.ld(), x.m(), y, ldy, accumulate, /*serial=*/true);
 }
 
 // y[m, n] (+)= x[m, k] W for a weight W [k, n] read along its rows (the soft-embedding product P E).
@@ -177,7 +229,7 @@ inline void linear_transposed(const KernelContext& ctx, const Weight& w, const f
   KernelContext run = ctx;
   if (serial) run.threads = 1;
 #if DG_X86_KERNELS
-  if (ctx.bf16_tiles()) {
+  if (detail::tiles_for(ctx, m)) {
     std::uint16_t* xa = kernels::scratch<std::uint16_t, 5>(kernels::amx::packed_size(m, k));
     kernels::amx::pack_activations_rows(x, ldx, m, k, xa);
     detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
@@ -235,7 +287,7 @@ inline void matmul_nt(const KernelContext& ctx, const float* a, std::int64_t lda
                       bool accumulate = false) {
   const kernels::Gemm g = detail::activation_product(a, lda, b, ldb, kernels::BForm::kNK, c, ldc, m, n, k, accumulate);
 #if DG_X86_KERNELS
-  if (ctx.bf16_tiles() && m > 0 && n > 0) {
+  if (detail::tiles_for(ctx, m) && n > 0) {
     std::uint16_t* xp = kernels::scratch<std::uint16_t, 6>(kernels::amx::packed_size(m, k));
     kernels::amx::pack_activations_pairs(a, lda, m, k, xp);
     kernels::amx::xwt<DType::kF32>(g.b, xp, m, k, n, c, ldc, accumulate);
@@ -252,7 +304,7 @@ inline void matmul_nn(const KernelContext& ctx, const float* a, std::int64_t lda
                       bool accumulate = false) {
   const kernels::Gemm g = detail::activation_product(a, lda, b, ldb, kernels::BForm::kKN, c, ldc, m, n, k, accumulate);
 #if DG_X86_KERNELS
-  if (ctx.bf16_tiles() && m > 0 && n > 0) {
+  if (detail::tiles_for(ctx, m) && n > 0) {
     std::uint16_t* xa = kernels::scratch<std::uint16_t, 7>(kernels::amx::packed_size(m, k));
     kernels::amx::pack_activations_rows(a, lda, m, k, xa);
     kernels::amx::xw<DType::kF32>(g.b, xa, m, k, n, c, ldc, accumulate);

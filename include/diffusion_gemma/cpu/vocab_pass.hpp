@@ -58,13 +58,8 @@ class VocabPass {
     shards_.resize(static_cast<std::size_t>(shards));
     KernelContext serial = ctx;
     serial.threads = 1;
-#if DG_X86_KERNELS
-    // The LM head's activation operand is the same for every tile: pack it once.
-    if (ctx.bf16_tiles()) {
-      packed_hidden_.resize(kernels::amx::packed_size(C, H));
-      kernels::amx::pack_activations_pairs(hidden, H, C, H, packed_hidden_.data());
-    }
-#endif
+    // The LM head's activation operand is the same for every tile: prepare it once.
+    hidden_.pack(ctx, hidden, H, C, H);
     parallel_for(
         shards,
         [&](std::int64_t si) {
@@ -77,7 +72,7 @@ class VocabPass {
             const std::int64_t v0 = t * kTile, n = std::min(kTile, V - v0);
             const Weight rows = E.row_range(v0, n);
             float* L = sh.logits.data();
-            lm_head_tile(serial, rows, hidden, C, L);
+            linear(serial, rows, hidden_, L, kTile);
             for (std::int64_t r = 0; r < C; ++r) row_update(ctx.isa, sh, L + r * kTile, n, v0, r, cap, args, H);
             // The rows' scale factors were applied in row_update; now add P E_tile for the whole tile.
             if (args.soft_embedding) linear_transposed(serial, rows, L, kTile, C, sh.acc.data(), H, /*accumulate=*/true);
@@ -139,20 +134,6 @@ class VocabPass {
     std::vector<float> chunk_mass;  // per sampling chunk of the current row
   };
 
-  // L[C, n] (row stride kTile) = hidden E_rows^T.
-  void lm_head_tile(const KernelContext& serial, const Weight& rows, const float* hidden, std::int64_t C, float* L) {
-#if DG_X86_KERNELS
-    if (serial.bf16_tiles()) {
-      const kernels::MatrixB b = detail::matrix_of(rows, kernels::BForm::kNK);
-      detail::with_bf16_dtype(rows.dtype, [&](auto t) {
-        kernels::amx::xwt<decltype(t)::value>(b, packed_hidden_.data(), C, rows.cols(), rows.rows(), L, kTile, false);
-      });
-      return;
-    }
-#endif
-    linear(serial, rows, hidden, rows.cols(), C, L, kTile);
-  }
-
   // Processes one row of a tile in place: `L` holds raw logits on entry and p = e^(l - m) on exit,
   // where m is the row's running max in this shard after this tile (its accumulator row is
   // rescaled to match).
@@ -205,7 +186,7 @@ class VocabPass {
   }
 
   std::vector<Shard> shards_;
-  std::vector<std::uint16_t> packed_hidden_;
+  PackedActivations hidden_;
 };
 
 }  // namespace cpu
