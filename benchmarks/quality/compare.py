@@ -6,6 +6,11 @@ the default sampler; this library within 2 points of transformers) and draws qua
 
     python3 benchmarks/quality/compare.py [--ours benchmarks/quality/dgemma_results.json]
         [--theirs benchmarks/quality/transformers_results.json] [--svg benchmarks/quality/quality.svg]
+        [--exact benchmarks/quality/exact]
+
+With --exact (a directory holding dgemma_results.json and seeds/dgemma_seed*.json of the exact
+precision), it also puts the default (fast) precision next to the exact one, per task, over all
+seeds, and checks the 1-point target that lets fast be the default.
 """
 import argparse
 import json
@@ -67,6 +72,28 @@ def seed_means(seeds_dir, ours_default, theirs_default, tasks):
     return worst
 
 
+def precision_gap(ours_default, ours_seeds_dir, exact_dir, steps, tasks):
+    """Per-task means over seeds of the fast (default) and exact precisions; returns the worst gap."""
+    import glob
+
+    def runs(first, seeds_dir):
+        out = [first]
+        for f in sorted(glob.glob(os.path.join(seeds_dir, "dgemma_seed*.json"))):
+            out += [r for r in json.load(open(f))["settings"] if r["max_denoising_steps"] == steps]
+        return out
+    exact_first = by_steps(json.load(open(os.path.join(exact_dir, "dgemma_results.json")))).get(steps)
+    fast, exact = runs(ours_default, ours_seeds_dir), runs(exact_first, os.path.join(exact_dir, "seeds"))
+    print(f"\nfast (default) vs exact precision, {steps} steps, mean over {len(fast)} / {len(exact)} seeds")
+    worst = 0.0
+    for t in tasks:
+        a = 100 * sum(r["tasks"][t]["exact_match"] for r in fast) / len(fast)
+        b = 100 * sum(r["tasks"][t]["exact_match"] for r in exact) / len(exact)
+        worst = max(worst, abs(a - b))
+        print(f"{t:>8} fast {a:6.2f}%   exact {b:6.2f}%   {a - b:+5.2f}")
+    print(f"largest difference {worst:.2f} points (target <= 1)")
+    return worst
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", default=os.path.join(here, "dgemma_results.json"))
@@ -75,6 +102,7 @@ def main():
     ap.add_argument("--seeds-dir", default=os.path.join(here, "seeds"),
                     help="more runs of the default setting with other seeds (dgemma_seed*.json, "
                          "transformers_seed*.json): the means over all seeds are compared too")
+    ap.add_argument("--exact", default=None, help="directory of the exact precision's results (see above)")
     args = ap.parse_args()
     ours_r, theirs_r = json.load(open(args.ours)), json.load(open(args.theirs))
     ours, theirs = by_steps(ours_r), by_steps(theirs_r)
@@ -103,6 +131,8 @@ def main():
     print(f"\ndefault sampler ({default} steps): tasks below 90%: {below or 'none'}; "
           f"largest shortfall vs transformers {max(0.0, -worst_gap):.1f} points with seed 0 on both sides"
           + (f", {max(0.0, -mean_gap):.1f} points on the seed means" if mean_gap is not None else "") + " (target <= 2)")
+    if args.exact:
+        precision_gap(ours.get(default), args.seeds_dir, args.exact, default, tasks)
     print(f"wrote {args.svg}")
 
 

@@ -331,33 +331,66 @@ class Engine {
         ctx_.threads);
   }
 
+  // One layer. The row-wise steps between the products (norms, residual adds, the layer scalar) run
+  // in as few parallel regions as the data flow allows: each region start costs a thread wake-up.
   void layer(int l, AttentionMode mode, std::int64_t T, const KvCache& cache, KvCache* write_to, std::int64_t p0) {
     const LayerWeights& W = model_->layer(l);
     const int H = cfg_.hidden_size;
+    const float eps = static_cast<float>(cfg_.rms_norm_eps);
+    const Isa isa = ctx_.isa;
     float* x = ws_.x.data();
     float* h = ws_.h.data();
     float* a = ws_.a.data();
-    // Attention block: x = x + post_attn(o_proj(attn(input_ln(x)))).
-    norm_rows(x, model_->vector(l, Param::kInputLayernorm), T, h);
-    attention(l, mode, T, cache, write_to, p0, h, a);
-    norm_rows(a, model_->vector(l, Param::kPostAttentionLayernorm), T, a);
-    for (std::int64_t i = 0; i < T * H; ++i) x[i] += a[i];
-    // Feed-forward block on the post-attention residual r = x.
     float* d = ws_.d.data();
     float* s = ws_.s.data();
-    norm_rows(x, model_->vector(l, Param::kPreFeedforwardLayernorm), T, h);
+    // Attention block: x = x + post_attn(o_proj(attn(input_ln(x)))); then h = pre_ff(x).
+    norm_rows(x, model_->vector(l, Param::kInputLayernorm), T, h);
+    attention(l, mode, T, cache, write_to, p0, h, a);
+    const float* post_attention = model_->vector(l, Param::kPostAttentionLayernorm);
+    const float* pre_ff = model_->vector(l, Param::kPreFeedforwardLayernorm);
+    parallel_for(
+        T,
+        [&](std::int64_t t) {
+          float* ar = a + t * H;
+          float* xr = x + t * H;
+          vmath::rms_norm_row(isa, ar, post_attention, H, eps, ar);
+          for (int i = 0; i < H; ++i) xr[i] += ar[i];
+          vmath::rms_norm_row(isa, xr, pre_ff, H, eps, h + t * H);
+        },
+        ctx_.threads);
+    // Feed-forward block on the post-attention residual r = x.
     gated_mlp(h, T, W.mlp_gate, W.mlp_up, W.mlp_down, d);
-    if constexpr (Experts::kMixtureOfExperts) {
-      norm_rows(d, model_->vector(l, Param::kPostFeedforwardLayernorm1), T, d);
-      mixture_of_experts(l, T, x, s);  // routed on x (= r) itself
-      norm_rows(s, model_->vector(l, Param::kPostFeedforwardLayernorm2), T, s);
-      for (std::int64_t i = 0; i < T * H; ++i) s[i] += d[i];
-      norm_rows(s, model_->vector(l, Param::kPostFeedforwardLayernorm), T, s);
-    } else {
-      norm_rows(d, model_->vector(l, Param::kPostFeedforwardLayernorm), T, s);
-    }
     const float scalar = model_->layer_scalar(l);
-    for (std::int64_t i = 0; i < T * H; ++i) x[i] = (x[i] + s[i]) * scalar;
+    if constexpr (Experts::kMixtureOfExperts) {
+      mixture_of_experts(l, T, x, s);  // routed on x (= r) itself
+      const float* post_ff_1 = model_->vector(l, Param::kPostFeedforwardLayernorm1);
+      const float* post_ff_2 = model_->vector(l, Param::kPostFeedforwardLayernorm2);
+      const float* post_ff = model_->vector(l, Param::kPostFeedforwardLayernorm);
+      parallel_for(
+          T,
+          [&](std::int64_t t) {
+            float* dr = d + t * H;
+            float* sr = s + t * H;
+            float* xr = x + t * H;
+            vmath::rms_norm_row(isa, dr, post_ff_1, H, eps, dr);
+            vmath::rms_norm_row(isa, sr, post_ff_2, H, eps, sr);
+            for (int i = 0; i < H; ++i) sr[i] += dr[i];
+            vmath::rms_norm_row(isa, sr, post_ff, H, eps, sr);
+            for (int i = 0; i < H; ++i) xr[i] = (xr[i] + sr[i]) * scalar;
+          },
+          ctx_.threads);
+    } else {
+      const float* post_ff = model_->vector(l, Param::kPostFeedforwardLayernorm);
+      parallel_for(
+          T,
+          [&](std::int64_t t) {
+            float* sr = s + t * H;
+            float* xr = x + t * H;
+            vmath::rms_norm_row(isa, d + t * H, post_ff, H, eps, sr);
+            for (int i = 0; i < H; ++i) xr[i] = (xr[i] + sr[i]) * scalar;
+          },
+          ctx_.threads);
+    }
   }
 
   // cos/sin of pos * inv_freq for positions p0..p0+T-1 and the D/2 pairs of a layer type: the
@@ -651,8 +684,8 @@ class Engine {
         ws_.slot_of_row[at] = static_cast<std::int32_t>(i);
       }
     }
-    float* x2 = ws_.a.data();  // pre_feedforward_layernorm_2(r)
-    norm_rows(r, model_->vector(l, Param::kPreFeedforwardLayernorm2), T, x2);
+    // The experts' input pre_feedforward_layernorm_2(r), written straight into expert order.
+    const float* pre_ff_2 = model_->vector(l, Param::kPreFeedforwardLayernorm2);
     const std::int64_t rows = T * K;
     float* in = ws_.expert_in.data();
     float* mid = ws_.expert_mid.data();
@@ -660,8 +693,8 @@ class Engine {
     parallel_for(
         rows,
         [&](std::int64_t j) {
-          const float* src = x2 + static_cast<std::int64_t>(ws_.rows_of_expert[j]) * H;
-          std::copy(src, src + H, in + j * H);
+          const float* src = r + static_cast<std::int64_t>(ws_.rows_of_expert[j]) * H;
+          vmath::rms_norm_row(ctx_.isa, src, pre_ff_2, H, eps, in + j * H);
         },
         ctx_.threads);
     grouped_linear(ctx_, W.experts_gate_up, in, H, ws_.expert_begin.data(), mid, 2 * Im);
