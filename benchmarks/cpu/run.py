@@ -150,6 +150,47 @@ def report(name, res, threads):
     return verdicts
 
 
+def markdown(doc):
+    """The tables of docs/performance.md from a results file."""
+    results, verdicts = doc["results"], doc.get("verdicts", {})
+    lines = ["| configuration | row | ours fast (default) | ours exact | torch fp32 | torch bf16 | ratio vs faster torch |"
+             " achieved GFLOP/s (fast) | of measured peak | target |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, res in results.items():
+        for key, label in ROWS:
+            if key not in res["fast"]:
+                continue
+            v = verdicts.get(name, {}).get(key, {})
+            base = key.replace("_seconds", "")
+            g = res["fast"].get(base + "_gflops")
+            frac = res["fast"].get(base + "_fraction_of_peak")
+            fmt = (lambda x: f"{x:.3g} s") if key != "generate_seconds" else (lambda x: f"{x:.3g} s")
+            lines.append(f"| {name} | {label} | {fmt(res['fast'][key])} | {fmt(res['exact'][key])} | "
+                         f"{fmt(res['torch_fp32'][key])} | {fmt(res['torch_bf16'][key])} | "
+                         f"{v.get('ratio', float('nan')):.2f}x | {f'{g:.0f}' if g else '-'} | "
+                         f"{f'{100 * frac:.0f} %' if frac else '-'} | "
+                         f"{TARGET[key]:.0f}x: {'met' if v.get('met') else '**not met**'} |")
+    lines += ["", "| configuration | generation peak RSS, fast | exact | weights (dtype) + KV cache + 128 MiB |",
+              "|---|---|---|---|"]
+    for name, res in results.items():
+        f, e = res["fast"], res["exact"]
+        budget = f["weights_bytes"] + f["generate_kv_cache_bytes"] + BUDGET_SLACK
+        lines.append(f"| {name} | {f['generate_peak_rss_bytes'] / 2**20:.1f} MiB | {e['generate_peak_rss_bytes'] / 2**20:.1f} MiB"
+                     f" | {f['weights_bytes'] / 2**20:.1f} ({f.get('weights_dtype')}) + {f['generate_kv_cache_bytes'] / 2**20:.1f}"
+                     f" + 128 = {budget / 2**20:.1f} MiB |")
+    lines += ["", "| configuration | autoregressive tok/s, fast | diffusion 16 steps tok/s, fast | ratio | AR exact | diffusion exact | ratio |",
+              "|---|---|---|---|---|---|---|"]
+    for name, res in results.items():
+        f, e = res["fast"], res["exact"]
+        lines.append(f"| {name} | {f['ar_tokens_per_second']:.4g} | {f['generate_tokens_per_second']:.4g} | "
+                     f"{f['generate_tokens_per_second'] / f['ar_tokens_per_second']:.2f}x | {e['ar_tokens_per_second']:.4g} | "
+                     f"{e['generate_tokens_per_second']:.4g} | {e['generate_tokens_per_second'] / e['ar_tokens_per_second']:.2f}x |")
+    first = next(iter(results.values()))["fast"]
+    lines += ["", f"Peaks measured in the run: {first.get('peak_gflops', 0):.0f} GFLOP/s ({first.get('peak_kind')}), "
+              f"{next(iter(results.values()))['exact'].get('peak_gflops', 0):.0f} GFLOP/s (fp32 FMA); "
+              f"kernels {first.get('kernels')}; CPU {doc['meta'].get('machine')} ({doc['meta'].get('cpu_flags')})."]
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", default=os.path.join(root, "build/benchmarks/bench_cpu"))
@@ -161,11 +202,15 @@ def main():
     ap.add_argument("--isa", default=None, help="force our kernel family (DG_CPU_ISA): generic, avx2, avx512, amx")
     ap.add_argument("--out", default=None, help="default: benchmarks/cpu/results[-ISA].json")
     ap.add_argument("--chart-only", action="store_true", help="redraw the chart from --out and exit")
+    ap.add_argument("--markdown", action="store_true", help="print docs/performance.md's tables from --out and exit")
     args = ap.parse_args()
     out = args.out or os.path.join(here, "results" + (f"-{args.isa}" if args.isa else "") + ".json")
     suffix = f" ({args.isa} kernels)" if args.isa else ""
     if args.chart_only:
         svg_chart(json.load(open(out))["results"], os.path.splitext(out)[0] + ".svg", suffix)
+        return
+    if args.markdown:
+        print(markdown(json.load(open(out))))
         return
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
     ours_env = dict(env, DG_CPU_ISA=args.isa) if args.isa else env

@@ -306,6 +306,14 @@ TEST_CASE("malformed tokenizer.json files are format errors that name the key", 
     j["version"] = "2.0";
     CHECK_THROWS_WITH(Tokenizer::from_json(j, "t.json"), Contains("unknown tokenizer.json version '2.0'"));
   }
+  SECTION("one far-out id in a small vocabulary (would size id tables in gigabytes)") {
+    Json j = base;
+    j["model"]["vocab"]["far_out"] = 200000000;
+    const Error e = error_of([&] { Tokenizer::from_json(j, "t.json"); });
+    CHECK(e.code() == StatusCode::kFormatError);
+    CHECK_THAT(e.what(), Contains("t.json: model.vocab"));
+    CHECK_THAT(e.what(), Contains("largest id is 200000000"));
+  }
   SECTION("missing file") {
     const Error e = error_of([&] { Tokenizer::from_file(fixture_path("does_not_exist.json")); });
     CHECK(e.code() == StatusCode::kNotFound);

@@ -144,6 +144,13 @@ class BpeModel {
       m.vocab_.emplace(it.key(), static_cast<int>(id));
       max_id = std::max(max_id, static_cast<int>(id));
     }
+    // Tables indexed by id are sized by the largest id; a few far-out ids in a small file would otherwise make
+    // a table of gigabytes. Real vocabularies number their tokens 0..n-1 (gaps of a few tokens at most).
+    const std::int64_t id_limit = 2 * static_cast<std::int64_t>(m.vocab_.size()) + kIdSlack;
+    if (max_id >= id_limit) {
+      model.fail("vocab", m.vocab_.size(), " tokens but the largest id is ", max_id,
+                 "; ids this sparse are not supported (largest id must be below ", id_limit, ")");
+    }
     m.id_to_token_.assign(static_cast<std::size_t>(max_id + 1), std::string());
     m.has_id_.assign(static_cast<std::size_t>(max_id + 1), false);
     for (const auto& [token, id] : m.vocab_) {
@@ -208,6 +215,7 @@ class BpeModel {
 
  private:
   static constexpr std::int64_t kMaxId = std::int64_t{1} << 28;
+  static constexpr std::int64_t kIdSlack = 65536;
   static constexpr std::string_view kMetaspace = "\xe2\x96\x81";  // U+2581, Gemma's space
 
   void encode_chunk(std::string_view chunk, std::vector<int>& out, BpeScratch& scratch) const {
