@@ -99,9 +99,9 @@ TEST_CASE("products with a weight match a double-precision oracle on every kerne
     std::int64_t m, n, k;
   };
   // Rows below and above the 4-row streaming kernel and the 6/12-row tiles; columns and depth cut
-  // by every panel (16, 32), tile (16, 32) and depth block (256 fp32, 512 bf16) size.
+  // by every panel (16, 32), tile (16, 32) and depth block (256 fp32, 2048 bf16 on tiles) size.
   const Size sizes[] = {{1, 5, 7}, {2, 33, 48}, {4, 64, 128}, {5, 37, 300}, {13, 70, 257}, {37, 129, 512}, {16, 32, 64},
-                        {9, 40, 1100}};
+                        {9, 40, 1100}, {18, 33, 4200}};
   for (cpu::Isa isa : runnable_isas()) {
     for (cpu::Precision precision : {cpu::Precision::kExact, cpu::Precision::kFast}) {
       cpu::KernelContext ctx;
