@@ -130,7 +130,7 @@ def report(name, res, threads):
         met = ratio is not None and (ratio >= TARGET[key] or (frac is not None and frac >= 0.8))
         verdicts[key] = {"ratio": ratio, "against": which, "fraction_of_peak": frac, "met": met}
         cells = [f"{fast[key]:10.4g}", f"{exact.get(key, float('nan')):11.4g}",
-                 f"{res['torch_fp32'].get(key, float('nan')):11.4g}", f"{res['torch_bf16'].get(key, float('nan')):11.4g}"]
+                 f"{res.get('torch_fp32', {}).get(key, float('nan')):11.4g}", f"{res.get('torch_bf16', {}).get(key, float('nan')):11.4g}"]
         print(f"{label + ' (s)':32s} {' '.join(cells)} {ratio:6.2f}x {TARGET[key]:6.1f}x "
               f"{fast.get(base + '_gflops', float('nan')):8.1f} {100 * frac if frac else float('nan'):7.1f}%"
               f"  {'met' if met else 'NOT met'}")
@@ -165,7 +165,7 @@ def markdown(doc):
             frac = res["fast"].get(base + "_fraction_of_peak")
             fmt = (lambda x: f"{x:.3g} s") if key != "generate_seconds" else (lambda x: f"{x:.3g} s")
             lines.append(f"| {name} | {label} | {fmt(res['fast'][key])} | {fmt(res['exact'][key])} | "
-                         f"{fmt(res['torch_fp32'][key])} | {fmt(res['torch_bf16'][key])} | "
+                         f"{fmt(res['torch_fp32'][key]) if key in res.get('torch_fp32', {}) else 'not run'} | {fmt(res['torch_bf16'][key]) if key in res.get('torch_bf16', {}) else 'not run'} | "
                          f"{v.get('ratio', float('nan')):.2f}x | {f'{g:.0f}' if g else '-'} | "
                          f"{f'{100 * frac:.0f} %' if frac else '-'} | "
                          f"{TARGET[key]:.0f}x: {'met' if v.get('met') else '**not met**'} |")
@@ -202,6 +202,9 @@ def main():
     ap.add_argument("--isa", default=None, help="force our kernel family (DG_CPU_ISA): generic, avx2, avx512, amx")
     ap.add_argument("--out", default=None, help="default: benchmarks/cpu/results[-ISA].json")
     ap.add_argument("--chart-only", action="store_true", help="redraw the chart from --out and exit")
+    ap.add_argument("--torch-dtypes", default="float32,bfloat16",
+                    help="transformers runs to compare against (the faster one counts); torch's bf16 without "
+                         "AVX-512 BF16 or AMX is slower than its fp32 and can be left out under --isa avx2")
     ap.add_argument("--markdown", action="store_true", help="print docs/performance.md's tables from --out and exit")
     args = ap.parse_args()
     out = args.out or os.path.join(here, "results" + (f"-{args.isa}" if args.isa else "") + ".json")
@@ -236,15 +239,17 @@ def main():
         # Interleaved, one after the other on the same machine state.
         res = {}
         res["fast"] = run_json([args.bench] + common + ["--precision", "fast"], ours_env)
-        res["torch_fp32"] = run_json(torch_cmd + ["--dtype", "float32"], torch_env)
+        if "float32" in args.torch_dtypes.split(","):
+            res["torch_fp32"] = run_json(torch_cmd + ["--dtype", "float32"], torch_env)
         res["exact"] = run_json([args.bench] + common + ["--precision", "exact"], ours_env)
-        res["torch_bf16"] = run_json(torch_cmd + ["--dtype", "bfloat16"], torch_env)
+        if "bfloat16" in args.torch_dtypes.split(","):
+            res["torch_bf16"] = run_json(torch_cmd + ["--dtype", "bfloat16"], torch_env)
         results[name] = res
         verdicts[name] = report(name, res, args.threads)
     first = next(iter(results.values()))["fast"]
     meta = {"machine": first.get("cpu") or cpu_model(), "cpu_flags": first.get("cpu_flags"), "cores": os.cpu_count(),
             "threads": args.threads, "steps_per_canvas": args.steps, "forced_isa": args.isa,
-            "kernels_fast": first.get("kernels"), "targets": TARGET}
+            "kernels_fast": first.get("kernels"), "targets": TARGET, "torch_dtypes": args.torch_dtypes}
     with open(out, "w") as f:
         json.dump({"meta": meta, "results": results, "verdicts": verdicts}, f, indent=1)
         f.write("\n")
