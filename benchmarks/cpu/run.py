@@ -163,9 +163,9 @@ def markdown(doc):
             base = key.replace("_seconds", "")
             g = res["fast"].get(base + "_gflops")
             frac = res["fast"].get(base + "_fraction_of_peak")
-            fmt = (lambda x: f"{x:.3g} s") if key != "generate_seconds" else (lambda x: f"{x:.3g} s")
-            lines.append(f"| {name} | {label} | {fmt(res['fast'][key])} | {fmt(res['exact'][key])} | "
-                         f"{fmt(res['torch_fp32'][key]) if key in res.get('torch_fp32', {}) else 'not run'} | {fmt(res['torch_bf16'][key]) if key in res.get('torch_bf16', {}) else 'not run'} | "
+            def cell(side):
+                return f"{res[side][key]:.3g} s" if key in res.get(side, {}) else "not run"
+            lines.append(f"| {name} | {label} | {cell('fast')} | {cell('exact')} | {cell('torch_fp32')} | {cell('torch_bf16')} | "
                          f"{v.get('ratio', float('nan')):.2f}x | {f'{g:.0f}' if g else '-'} | "
                          f"{f'{100 * frac:.0f} %' if frac else '-'} | "
                          f"{TARGET[key]:.0f}x: {'met' if v.get('met') else '**not met**'} |")
