@@ -10,6 +10,8 @@ int cmd_parity(const std::vector<std::string>& args);
 int cmd_replay(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_info(const std::vector<std::string>& args);
+int cmd_quantize(const std::vector<std::string>& args);
+int cmd_dequantize(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args, bool detokenize);
 
 }  // namespace dgemma

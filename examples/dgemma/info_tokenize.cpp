@@ -14,6 +14,8 @@
 #include <diffusion_gemma/cpu/isa.hpp>
 #include <diffusion_gemma/cpu/kv_cache.hpp>
 #include <diffusion_gemma/io/config.hpp>
+#include <diffusion_gemma/io/quantization_config.hpp>
+#include <diffusion_gemma/io/weights.hpp>
 #include <diffusion_gemma/io/safetensors.hpp>
 #include <diffusion_gemma/io/tokenizer.hpp>
 #include <diffusion_gemma/model/weights.hpp>
@@ -98,10 +100,18 @@ int cmd_info(const std::vector<std::string>& args) {
   std::size_t files = 0;
   const bool has_weights = ::access((dir + "/model.safetensors").c_str(), F_OK) == 0 ||
                            ::access((dir + "/model.safetensors.index.json").c_str(), F_OK) == 0;
+  const dg::io::QuantizationConfig quant = dg::io::load_quantization_config(dir);
+  dg::io::BindReport bound;
+  std::string bind_error;
   if (has_weights) {
     const dg::io::Checkpoint ckpt(dir);
     for (const auto& n : ckpt.names()) stored += static_cast<double>(ckpt.find(n)->tensor.nbytes);
     files = ckpt.num_shards();
+    try {
+      dg::io::bind_weights(ckpt, c, quant, &bound);
+    } catch (const dg::Error& e) {
+      bind_error = e.what();
+    }
   }
   const dg::DType config_dtype = c.dtype == dg::DType::kSentinel ? dg::DType::kBF16 : c.dtype;
   const double weight_bytes = has_weights ? stored : p.total * static_cast<double>(dg::dtype_size(config_dtype));
@@ -146,6 +156,10 @@ int cmd_info(const std::vector<std::string>& args) {
                                 {"weights_present", has_weights},
                                 {"checkpoint_bytes", stored},
                                 {"weight_bytes", weight_bytes},
+                                {"quantization", quant.describe()},
+                                {"quantized_matrices", bound.quantized},
+                                {"split_experts", bound.split_experts},
+                                {"bind_error", bind_error},
                                 {"cpu", cpu.brand},
                                 {"cpu_flags", cpu.flags()},
                                 {"cpu_isa", dg::cpu::isa_name(isa)},
@@ -179,6 +193,10 @@ int cmd_info(const std::vector<std::string>& args) {
     std::printf("weights          no weight files: %s as %s (%s by config.json)\n", human_bytes(weight_bytes).c_str(),
                 dg::dtype_name(config_dtype), c.dtype == dg::DType::kSentinel ? "not stated, assumed" : "stated");
   }
+  std::printf("quantization     %s\n", quant.describe().c_str());
+  for (const auto& [scheme, n] : bound.quantized) std::printf("                 %zu matrices %s\n", n, scheme.c_str());
+  if (bound.split_experts) std::printf("experts          stored one matrix per expert\n");
+  if (!bind_error.empty()) std::printf("weights error    %s\n", bind_error.c_str());
   std::printf("KV cache         %s per 1k tokens in the CPU back-end (fp32); %s in bf16\n", human_bytes(kv_cpu).c_str(),
               human_bytes(kv_bf16).c_str());
   std::printf("generation       %lld-token prompt + %lld new tokens: %s = weights %s + KV cache %s + workspace %s\n",

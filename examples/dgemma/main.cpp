@@ -20,6 +20,8 @@ const char* kUsage =
     "commands:\n"
     "  generate     text or ids in, text out, with a live view of the canvas as it denoises\n"
     "  info         config summary, parameter counts, memory for weights and KV cache\n"
+    "  quantize     write a compressed-tensors checkpoint (w4a16, w8a16, int8, fp8)\n"
+    "  dequantize   a quantized checkpoint's matrices as F32 safetensors (for comparing tools)\n"
     "  tokenize     text -> ids as a JSON array\n"
     "  detokenize   ids -> text\n"
     "  parity       encoder and denoiser logits for given ids, as safetensors (porting aid)\n"
@@ -46,6 +48,8 @@ int main(int argc, char** argv) {
     if (cmd == "replay") return dgemma::cmd_replay(args);
     if (cmd == "generate") return dgemma::cmd_generate(args);
     if (cmd == "info") return dgemma::cmd_info(args);
+    if (cmd == "quantize") return dgemma::cmd_quantize(args);
+    if (cmd == "dequantize") return dgemma::cmd_dequantize(args);
     if (cmd == "tokenize") return dgemma::cmd_tokenize(args, false);
     if (cmd == "detokenize") return dgemma::cmd_tokenize(args, true);
     std::fprintf(stderr, "dgemma: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);

@@ -11,7 +11,8 @@
 
 namespace diffusion_gemma {
 
-enum class DType { kF32, kF16, kBF16, kI32, kI64, kU8, kBool, kSentinel };
+// I8 and F8_E4M3 appear only inside quantized weights (model/quantized_matrix.hpp).
+enum class DType { kF32, kF16, kBF16, kI32, kI64, kU8, kBool, kI8, kF8E4M3, kSentinel };
 
 inline std::size_t dtype_size(DType t) {
   switch (t) {
@@ -22,6 +23,8 @@ inline std::size_t dtype_size(DType t) {
     case DType::kI64: return 8;
     case DType::kU8: return 1;
     case DType::kBool: return 1;
+    case DType::kI8: return 1;
+    case DType::kF8E4M3: return 1;
     case DType::kSentinel: break;
   }
   return 0;
@@ -36,6 +39,8 @@ inline const char* dtype_name(DType t) {
     case DType::kI64: return "I64";
     case DType::kU8: return "U8";
     case DType::kBool: return "BOOL";
+    case DType::kI8: return "I8";
+    case DType::kF8E4M3: return "F8_E4M3";
     case DType::kSentinel: break;
   }
   return "?";
@@ -43,8 +48,7 @@ inline const char* dtype_name(DType t) {
 
 // Spellings the safetensors format defines but this library does not read.
 inline bool is_known_unsupported_dtype(const std::string& s) {
-  return s == "F64" || s == "I8" || s == "I16" || s == "U16" || s == "U32" || s == "U64" ||
-         s == "F8_E4M3" || s == "F8_E5M2" || s == "F8_E8M0" || s == "F4" || s == "F6_E2M3" ||
+  return s == "F64" || s == "I16" || s == "U16" || s == "U32" || s == "U64" || s == "F8_E5M2" || s == "F8_E8M0" || s == "F4" || s == "F6_E2M3" ||
          s == "F6_E3M2" || s == "C64";
 }
 
@@ -67,5 +71,6 @@ template <> struct dtype_of<bfloat16> { static constexpr DType value = DType::kB
 template <> struct dtype_of<std::int32_t> { static constexpr DType value = DType::kI32; };
 template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::kI64; };
 template <> struct dtype_of<std::uint8_t> { static constexpr DType value = DType::kU8; };
+template <> struct dtype_of<std::int8_t> { static constexpr DType value = DType::kI8; };
 
 }  // namespace diffusion_gemma

@@ -12,6 +12,11 @@
 //          it is exact (this CPU family's AVX512-BF16 dot product measured slower than fp32 FMA),
 //          and so are products of at most 4 rows, which only stream the weight.
 //
+// Quantized weights (docs/quantization.md) take the same kernels: blocks of rows are dequantised
+// into a per-thread buffer in the scale's dtype (cpu/kernels/dequantize.hpp) and multiplied at
+// once, so both precisions apply to them. Split weights (experts stored one matrix each) run
+// part by part into their columns of y.
+//
 // matmul_nt / matmul_nn are the products of two activations (attention scores and values), with the
 // same choice of kernels (bf16 tiles in the fast precision on AMX, fp32 otherwise).
 #pragma once
@@ -26,6 +31,7 @@
 #include <diffusion_gemma/cpu/kernels/amx.hpp>
 #include <diffusion_gemma/cpu/kernels/avx2.hpp>
 #include <diffusion_gemma/cpu/kernels/avx512.hpp>
+#include <diffusion_gemma/cpu/kernels/dequantize.hpp>
 #include <diffusion_gemma/cpu/kernels/generic.hpp>
 #include <diffusion_gemma/cpu/kernels/operands.hpp>
 #include <diffusion_gemma/cpu/parallel.hpp>
@@ -70,6 +76,10 @@ struct KernelContext {
 namespace detail {
 
 inline kernels::MatrixB matrix_of(const Weight& w, kernels::BForm form) {
+  if (!w.is_dense()) {
+    throw_error(StatusCode::kUnsupported, "cpu: this product has no kernel for quantized or split weights (",
+                w.quant ? w.quant->scheme : std::string("split"), ")");
+  }
   if (w.layout != WeightLayout::kRowMajor) {
     throw_error(StatusCode::kUnsupported, "cpu::linear: weight layout ", static_cast<int>(w.layout), " has no kernel");
   }
@@ -129,6 +139,51 @@ void with_bf16_dtype(DType t, F&& f) {
 }
 #endif
 
+// Rows of a quantized weight dequantised per block: about 256 KiB of numbers, a multiple of 32
+// rows (the widest panel), so the block and the activations stay in L2 while the kernel runs.
+inline std::int64_t dequantized_block_rows(std::int64_t k) {
+  const std::int64_t rows = (std::int64_t{1} << 17) / std::max<std::int64_t>(k, 1);
+  return std::max<std::int64_t>(32, rows / 32 * 32);
+}
+
+// linear() for a quantized weight. `xp`: the activations packed for the tiles (bf16 path), or
+// nullptr for the exact kernels.
+inline void quantized_linear(const KernelContext& ctx, const QuantizedMatrix& q, const float* x, std::int64_t ldx,
+                             const std::uint16_t* xp, std::int64_t m, float* y, std::int64_t ldy, bool accumulate) {
+  const std::int64_t n = q.rows, k = q.cols;
+  const DType dt = q.scale_dtype();
+  const std::int64_t block = dequantized_block_rows(k);
+  over_columns(ctx, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
+    std::byte* buf = kernels::scratch<std::byte, 8>(static_cast<std::size_t>(block * k) * dtype_size(dt));
+    for (std::int64_t r = n0; r < n1; r += block) {
+      const std::int64_t rows = std::min(block, n1 - r);
+      kernels::dequantize_rows(q, r, rows, buf);
+      kernels::MatrixB b;
+      b.data = buf;
+      b.dtype = dt;
+      b.ld = k;
+      b.form = kernels::BForm::kNK;
+#if DG_X86_KERNELS
+      if (xp != nullptr) {
+        with_bf16_dtype(dt, [&](auto t) { kernels::amx::xwt<decltype(t)::value>(b, xp, m, k, rows, y + r, ldy, accumulate); });
+        continue;
+      }
+#endif
+      kernels::Gemm g;
+      g.a = x;
+      g.lda = ldx;
+      g.b = b;
+      g.c = y + r;
+      g.ldc = ldy;
+      g.m = m;
+      g.n = rows;
+      g.k = k;
+      g.accumulate = accumulate;
+      gemm_exact(ctx.isa, g);
+    }
+  });
+}
+
 }  // namespace detail
 
 // y[m, out] (+)= x[m, in] W^T for a weight W [out, in]; x rows `ldx` floats apart, y rows `ldy`.
@@ -137,6 +192,28 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
                    std::int64_t ldy, bool accumulate = false, bool serial = false) {
   const std::int64_t n = w.rows(), k = w.cols();
   if (m <= 0 || n <= 0) return;
+  if (w.is_split()) {
+    std::int64_t r0 = 0;
+    for (const Weight& part : *w.parts) {
+      linear(ctx, part, x, ldx, m, y + r0, ldy, accumulate, serial);
+      r0 += part.rows();
+    }
+    return;
+  }
+  KernelContext run = ctx;
+  if (serial) run.threads = 1;
+  if (w.is_quantized()) {
+    const std::uint16_t* xp = nullptr;
+#if DG_X86_KERNELS
+    if (detail::tiles_for(ctx, m)) {
+      std::uint16_t* packed = kernels::scratch<std::uint16_t, 4>(kernels::amx::packed_size(m, k));
+      kernels::amx::pack_activations_pairs(x, ldx, m, k, packed);
+      xp = packed;
+    }
+#endif
+    detail::quantized_linear(run, *w.quant, x, ldx, xp, m, y, ldy, accumulate);
+    return;
+  }
   kernels::Gemm g;
   g.a = x;
   g.lda = ldx;
@@ -147,8 +224,6 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
   g.n = n;
   g.k = k;
   g.accumulate = accumulate;
-  KernelContext run = ctx;
-  if (serial) run.threads = 1;
 #if DG_X86_KERNELS
   if (detail::tiles_for(ctx, m)) {
     std::uint16_t* xp = kernels::scratch<std::uint16_t, 4>(kernels::amx::packed_size(m, k));
@@ -199,7 +274,7 @@ class PackedActivations {
 inline void linear(const KernelContext& ctx, const Weight& w, const PackedActivations& x, float* y, std::int64_t ldy,
                    bool accumulate = false) {
 #if DG_X86_KERNELS
-  if (ctx.bf16_tiles() && x.pairs() != nullptr) {
+  if (ctx.bf16_tiles() && x.pairs() != nullptr && w.is_dense()) {
     const kernels::MatrixB b = detail::matrix_of(w, kernels::BForm::kNK);
     detail::with_bf16_dtype(w.dtype, [&](auto t) {
       kernels::amx::xwt<decltype(t)::value>(b, x.pairs(), x.m(), w.cols(), w.rows(), y, ldy, accumulate);

@@ -47,6 +47,7 @@ class Model {
   bool has_self_conditioning() const { return ckpt_.weights.self_conditioning.present(); }
   float embed_scale() const { return ckpt_.embed_scale; }
   DType weight_dtype() const { return ckpt_.weights.embed_tokens.dtype; }
+  const io::QuantizationConfig& quantization() const { return ckpt_.quantization; }
 
   // The fp32 copy of a vector parameter (a norm weight or router scale) of layer `layer` (-1:
   // outside the layers); nullptr when the model has no such tensor.
@@ -83,16 +84,16 @@ class Model {
     std::size_t done = 0;
     volatile unsigned char sink = 0;
     for_each_parameter(ckpt_.config, ckpt_.weights, [&](const ParamSpec&, const Weight& w) {
-      if (w.empty()) return;
-      const std::size_t page = 4096;
-      const auto begin = reinterpret_cast<std::uintptr_t>(w.data) / page * page;
-      ::madvise(reinterpret_cast<void*>(begin), w.nbytes() + (reinterpret_cast<std::uintptr_t>(w.data) - begin),
-                MADV_WILLNEED);
-      for (std::size_t off = 0; off < w.nbytes(); off += page) {
-        sink = sink + static_cast<unsigned char>(w.data[off]);
-        if (progress && (off / page) % 16384 == 0) progress(done + off, weight_bytes_);
-      }
-      done += w.nbytes();
+      w.for_each_buffer([&](const std::byte* data, std::size_t bytes) {
+        const std::size_t page = 4096;
+        const auto begin = reinterpret_cast<std::uintptr_t>(data) / page * page;
+        ::madvise(reinterpret_cast<void*>(begin), bytes + (reinterpret_cast<std::uintptr_t>(data) - begin), MADV_WILLNEED);
+        for (std::size_t off = 0; off < bytes; off += page) {
+          sink = sink + static_cast<unsigned char>(data[off]);
+          if (progress && (off / page) % 16384 == 0) progress(done + off, weight_bytes_);
+        }
+        done += bytes;
+      });
     });
     if (progress) progress(weight_bytes_, weight_bytes_);
   }

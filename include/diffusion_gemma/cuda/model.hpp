@@ -291,6 +291,11 @@ class Model {
                   " layers of weights for a config with ", cfg_.layers.size(), " layers (", cfg_.source, ")");
     }
     diffusion_gemma::for_each_parameter(cfg_, w, [&](const ParamSpec& p, const Weight& src) {
+      if (!src.is_dense()) {
+        throw_error(StatusCode::kUnsupported, "cuda::Model: '", p.name, "' is ",
+                    src.is_quantized() ? "quantized (" + src.quant->scheme + ")" : std::string("stored split per expert"),
+                    "; the CUDA back-end runs plain F32/BF16/F16 checkpoints only (", cfg_.source, ")");
+      }
       if (p.param == Param::kLayerScalar) {
         layers_[static_cast<std::size_t>(p.layer)].layer_scalar = src.empty() ? 1.0f : src.at(0);
         return;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include <diffusion_gemma/io/config.hpp>
+#include <diffusion_gemma/io/quantization_config.hpp>
 #include <diffusion_gemma/io/safetensors.hpp>
 #include <diffusion_gemma/io/weights.hpp>
 #include <diffusion_gemma/model/config.hpp>
@@ -24,6 +25,7 @@ struct LoadedCheckpoint {
   std::string dir;
   ModelConfig config;
   GenerationConfig generation;
+  QuantizationConfig quantization;
   std::shared_ptr<const Checkpoint> checkpoint;  // the maps every Weight in `weights` points into
   ModelWeights weights;
   BindReport report;
@@ -35,9 +37,10 @@ inline LoadedCheckpoint load_checkpoint(const std::string& dir, const LoadOption
   c.dir = dir;
   c.config = load_model_config(dir);
   c.generation = load_generation_config(dir);
+  c.quantization = load_quantization_config(dir);
   auto ckpt = std::make_shared<Checkpoint>(dir);
   if (options.check_finite) check_weights_finite(*ckpt);
-  c.weights = bind_weights(*ckpt, c.config, &c.report);
+  c.weights = bind_weights(*ckpt, c.config, c.quantization, &c.report);
   c.checkpoint = std::move(ckpt);
   c.embed_scale = embedding_scale(c.config.hidden_size, c.weights.embed_tokens.dtype);
   return c;

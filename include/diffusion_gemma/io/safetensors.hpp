@@ -107,7 +107,7 @@ inline std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view h
     if (!parse_dtype(dtype_str, &e.tensor.dtype)) {
       if (is_known_unsupported_dtype(dtype_str)) {
         throw_error(StatusCode::kUnsupported, at, " has dtype ", dtype_str,
-                    ", which this library does not read (F32, F16, BF16, I32, I64, U8, BOOL)");
+                    ", which this library does not read (F32, F16, BF16, I32, I64, U8, BOOL, I8, F8_E4M3)");
       }
       throw_error(StatusCode::kFormatError, at, " has unknown dtype '", dtype_str, "'");
     }

@@ -4,14 +4,26 @@
 // file (no copy: the pages are shared with the page cache and count once) or owns bytes made at
 // load, in which case `owner` keeps them alive. Matrices are [out, in] like torch Linear weights;
 // expert weights are [experts, out, in]; norms and scales are vectors.
+//
+// Two more kinds come from quantized checkpoints (docs/quantization.md):
+//   quantized  `quant` describes the stored integers or FP8 values and their scales; `data` and
+//              `dtype` are those of the stored values.
+//   split      `parts` holds the pieces the checkpoint stores separately: for a [groups, out, in]
+//              weight one matrix per group (experts stored one by one), for an [out, in] matrix
+//              blocks of rows stacked in order (an expert's gate rows, then its up rows). Each
+//              part may itself be quantized.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include <diffusion_gemma/core/dtype.hpp>
+#include <diffusion_gemma/core/status.hpp>
 #include <diffusion_gemma/core/tensor_view.hpp>
+#include <diffusion_gemma/model/quantized_matrix.hpp>
 
 namespace diffusion_gemma {
 
@@ -26,6 +38,8 @@ struct Weight {
   Shape shape;
   WeightLayout layout = WeightLayout::kRowMajor;
   std::shared_ptr<const void> owner;  // empty when the bytes belong to the mapped checkpoint
+  std::shared_ptr<const QuantizedMatrix> quant;  // set for a quantized matrix
+  std::shared_ptr<const std::vector<Weight>> parts;  // set for a split weight
 
   static Weight borrow(const RawTensor& t) {
     Weight w;
@@ -35,10 +49,52 @@ struct Weight {
     return w;
   }
 
+  static Weight quantized(QuantizedMatrix q) {
+    Weight w;
+    w.data = q.values.data;
+    w.dtype = q.values.dtype;
+    w.shape = Shape{q.rows, q.cols};
+    w.quant = std::make_shared<const QuantizedMatrix>(std::move(q));
+    return w;
+  }
+  // A weight of `shape` made of `pieces` (see the kinds above).
+  static Weight split(Shape shape, std::vector<Weight> pieces) {
+    Weight w;
+    w.shape = shape;
+    w.dtype = pieces.empty() ? DType::kF32 : pieces.front().dtype;
+    w.data = pieces.empty() ? nullptr : pieces.front().data;
+    w.parts = std::make_shared<const std::vector<Weight>>(std::move(pieces));
+    return w;
+  }
+
   bool empty() const { return data == nullptr; }
   bool borrowed() const { return data != nullptr && owner == nullptr; }
+  bool is_quantized() const { return quant != nullptr; }
+  bool is_split() const { return parts != nullptr; }
+  // Stored as plain F32/BF16/F16 numbers in one row-major block.
+  bool is_dense() const { return !is_quantized() && !is_split(); }
   std::int64_t numel() const { return shape.numel(); }
-  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
+  // Bytes as stored, scales and zero points included.
+  std::size_t nbytes() const {
+    if (quant) return quant->nbytes();
+    if (parts) {
+      std::size_t n = 0;
+      for (const Weight& p : *parts) n += p.nbytes();
+      return n;
+    }
+    return static_cast<std::size_t>(numel()) * dtype_size(dtype);
+  }
+  // Calls f(data, bytes) for every block of stored bytes this weight reads.
+  template <class F>
+  void for_each_buffer(F&& f) const {
+    if (quant) {
+      quant->for_each_tensor([&](const RawTensor& t) { f(t.data, t.nbytes); });
+    } else if (parts) {
+      for (const Weight& p : *parts) p.for_each_buffer(f);
+    } else if (data != nullptr) {
+      f(data, nbytes());
+    }
+  }
   // Output and input features of a matrix (the last two dimensions); groups = the rest.
   std::int64_t rows() const { return shape.rank >= 2 ? shape[shape.rank - 2] : 1; }
   std::int64_t cols() const { return shape.rank >= 1 ? shape[shape.rank - 1] : 0; }
@@ -46,6 +102,7 @@ struct Weight {
 
   // Slice g of a [groups, out, in] weight, as an [out, in] view sharing the owner.
   Weight group(std::int64_t g) const {
+    if (parts) return (*parts)[static_cast<std::size_t>(g)];
     Weight w = *this;
     w.shape = Shape{rows(), cols()};
     w.data = data + static_cast<std::size_t>(g) * static_cast<std::size_t>(rows() * cols()) * dtype_size(dtype);
@@ -53,6 +110,7 @@ struct Weight {
   }
   // Rows [r0, r0 + n) of an [out, in] matrix.
   Weight row_range(std::int64_t r0, std::int64_t n) const {
+    if (!is_dense()) throw_error(StatusCode::kUnsupported, "Weight::row_range: the weight is quantized or split");
     Weight w = *this;
     w.shape = Shape{n, cols()};
     w.data = data + static_cast<std::size_t>(r0 * cols()) * dtype_size(dtype);

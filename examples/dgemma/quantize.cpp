@@ -1,0 +1,361 @@
+// SPDX-License-Identifier: Apache-2.0
+// dgemma quantize: a float checkpoint in, a compressed-tensors checkpoint out (docs/quantization.md).
+// It streams: the output is planned from the input's header (names, shapes, bytes), each shard's
+// header is written first, then one tensor at a time is read from the memory map, quantised and
+// appended, and its source pages are released. Peak memory is one matrix in fp32 plus its
+// quantised form, whatever the checkpoint's size.
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <diffusion_gemma/cpu/kernels/dequantize.hpp>
+#include <diffusion_gemma/io/config.hpp>
+#include <diffusion_gemma/io/load.hpp>
+#include <diffusion_gemma/io/json_file.hpp>
+#include <diffusion_gemma/io/quantization_config.hpp>
+#include <diffusion_gemma/io/quantize.hpp>
+#include <diffusion_gemma/io/safetensors.hpp>
+#include <diffusion_gemma/io/safetensors_writer.hpp>
+#include <diffusion_gemma/io/weights.hpp>
+#include <diffusion_gemma/model/weights.hpp>
+
+#include "commands.hpp"
+#include "common.hpp"
+
+namespace dgemma {
+
+namespace dg = diffusion_gemma;
+
+namespace {
+
+// Modules kept in the checkpoint's dtype, as the published releases keep them: the embedding
+// (also the tied LM head), every norm, the router, the self-conditioning MLP, the vision tower.
+const std::vector<std::string> kIgnore = {"lm_head",          "re:.*embed_tokens.*",      "re:.*norm.*",
+                                          "re:.*router.*",    "re:.*self_conditioning.*", "re:.*vision.*"};
+
+// One unit of output: a tensor copied as it is, or a matrix (possibly a row block of one expert of
+// a fused tensor) quantised into several tensors.
+struct Item {
+  std::string module;             // output module name (quantised) or tensor name (copied)
+  const dg::RawTensor* source = nullptr;
+  std::int64_t row0 = 0, rows = 0, cols = 0;  // the matrix inside `source` (quantised items)
+  bool quantize = false;
+  std::vector<dg::io::TensorSpec> outputs;
+  std::uint64_t bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& t : outputs) n += t.nbytes();
+    return n;
+  }
+};
+
+bool is_float(dg::DType t) { return t == dg::DType::kF32 || t == dg::DType::kBF16 || t == dg::DType::kF16; }
+
+// Lets the kernel drop the pages of a source range we are done with (they stay in the page cache).
+void release(const std::byte* data, std::size_t bytes) {
+  const std::size_t page = 4096;
+  const auto a = (reinterpret_cast<std::uintptr_t>(data) + page - 1) / page * page;
+  const auto b = (reinterpret_cast<std::uintptr_t>(data) + bytes) / page * page;
+  if (b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+}
+
+// Elements [first, first + n) of a float tensor as fp32.
+void widen(const dg::RawTensor& t, std::int64_t first, std::int64_t n, float* out) {
+  const std::byte* p = t.data + first * static_cast<std::int64_t>(dg::dtype_size(t.dtype));
+  for (std::int64_t k = 0; k < n; ++k) {
+    std::uint16_t h;
+    switch (t.dtype) {
+      case dg::DType::kBF16:
+        std::memcpy(&h, p + 2 * k, 2);
+        out[k] = dg::bfloat16::from_bits(h).to_float();
+        break;
+      case dg::DType::kF16:
+        std::memcpy(&h, p + 2 * k, 2);
+        out[k] = dg::float16::from_bits(h).to_float();
+        break;
+      default: std::memcpy(out + k, p + 4 * k, 4);
+    }
+  }
+}
+
+void copy_file(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  std::ofstream out(to, std::ios::binary);
+  out << in.rdbuf();
+  if (!in || !out) throw dg::Error(dg::StatusCode::kIoError, "cannot copy " + from + " to " + to);
+}
+
+}  // namespace
+
+int cmd_quantize(const std::vector<std::string>& args) {
+  Flags f("quantize",
+          "Quantises a BF16/F16/F32 checkpoint's Linear weights by round-to-nearest and writes a\n"
+          "compressed-tensors checkpoint (sharded safetensors + model.safetensors.index.json) that this\n"
+          "library, vLLM and transformers load. Experts are written one matrix each. The embedding, norms,\n"
+          "router and self-conditioning MLP stay in the source dtype.",
+          {{"model", "DIR", "source checkpoint directory"},
+           {"out", "DIR", "output directory (created; must not hold a checkpoint)"},
+           {"scheme", "S", "w4a16 (int4, packed), w8a16 (int8, packed), int8 (W8A8 layout) or fp8 (E4M3)"},
+           {"group-size", "N", "input columns per scale: 32, 64 or 128 (default: 64 for w4a16, per channel otherwise)"},
+           {"asymmetric", "", "asymmetric integers with zero points (w4a16 and w8a16)"},
+           {"shard-size", "MIB", "largest shard in MiB (default 4096; fractions allowed)"}});
+  if (!f.parse(args)) {
+    std::cout << f.usage();
+    return 0;
+  }
+  const std::string src = f.required("model"), dst = f.required("out");
+  dg::io::QuantizeSpec spec;
+  if (!dg::io::parse_quant_scheme(f.required("scheme"), &spec.scheme)) {
+    throw UsageError("--scheme must be w4a16, w8a16, int8 or fp8 (got '" + f.str("scheme") + "')");
+  }
+  spec.group_size = f.integer("group-size", spec.scheme == dg::io::QuantScheme::kW4A16 ? 64 : 0, 0, 1 << 20);
+  if (f.has("group-size") && spec.group_size != 32 && spec.group_size != 64 && spec.group_size != 128) {
+    throw UsageError("--group-size must be 32, 64 or 128");
+  }
+  spec.symmetric = !f.flag("asymmetric");
+  if (!spec.symmetric && spec.scheme != dg::io::QuantScheme::kW4A16 && spec.scheme != dg::io::QuantScheme::kW8A16) {
+    throw UsageError("--asymmetric applies to w4a16 and w8a16 only");
+  }
+  const auto shard_limit = static_cast<std::uint64_t>(f.number("shard-size", 4096, 0.01, 1 << 24) * 1048576.0);
+
+  if (::access(src.c_str(), F_OK) != 0) throw dg::Error(dg::StatusCode::kNotFound, src + ": model directory does not exist");
+  const dg::ModelConfig cfg = dg::io::load_model_config(src);
+  if (dg::io::load_quantization_config(src).quantized()) {
+    throw dg::Error(dg::StatusCode::kInvalidArgument, src + ": the checkpoint is already quantized");
+  }
+  const dg::io::Checkpoint ckpt(src);
+  const std::string pre = dg::io::backbone_prefix(ckpt, cfg);
+
+  // Which tensors are Linear weights: the model's matrices (not the embedding), and experts.
+  std::vector<std::string> linear;
+  std::vector<std::pair<std::string, dg::ParamSpec>> fused;
+  {
+    dg::ModelWeights shapes;
+    shapes.layers.resize(cfg.layers.size());
+    dg::for_each_parameter(cfg, shapes, [&](const dg::ParamSpec& p, dg::Weight&) {
+      if (!p.is_matrix() || p.param == dg::Param::kEmbedTokens) return;
+      if (p.param == dg::Param::kExpertsGateUp || p.param == dg::Param::kExpertsDown) {
+        fused.emplace_back(pre + p.name, p);
+      } else {
+        linear.push_back(pre + p.name);
+      }
+    });
+  }
+  const std::regex split_expert(R"(.*\.experts\.\d+\.(gate|up|down)_proj\.weight$)");
+  std::vector<dg::io::ModulePattern> ignore;
+  for (const auto& p : kIgnore) ignore.emplace_back(p);
+  const auto ignored = [&](const std::string& module) {
+    for (const auto& p : ignore)
+      if (p.matches(module, "Linear")) return true;
+    return false;
+  };
+
+  spec.scale_dtype = dg::DType::kSentinel;
+  std::vector<Item> items;
+  const auto add_quantized = [&](const std::string& module, const dg::RawTensor* t, std::int64_t row0, std::int64_t rows,
+                                 std::int64_t cols) {
+    if (spec.scale_dtype == dg::DType::kSentinel) spec.scale_dtype = t->dtype;
+    if (spec.group_size > 0 && cols % spec.group_size != 0) {
+      throw dg::Error(dg::StatusCode::kInvalidArgument,
+                      "--group-size " + std::to_string(spec.group_size) + " does not divide the " + std::to_string(cols) +
+                          " input features of " + module + "; use a group size that divides every width (32 or 64)");
+    }
+    Item it;
+    it.module = module;
+    it.source = t;
+    it.row0 = row0;
+    it.rows = rows;
+    it.cols = cols;
+    it.quantize = true;
+    items.push_back(std::move(it));
+  };
+  for (const std::string& name : ckpt.names()) {
+    const dg::RawTensor& t = ckpt.find(name)->tensor;
+    const std::string module = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0
+                                   ? name.substr(0, name.size() - 7)
+                                   : name;
+    const auto fused_it = std::find_if(fused.begin(), fused.end(), [&](const auto& x) { return x.first == name; });
+    const bool is_linear = std::find(linear.begin(), linear.end(), name) != linear.end() ||
+                           (std::regex_match(name, split_expert) && t.shape.rank == 2);
+    if (fused_it != fused.end() && is_float(t.dtype) && t.shape.rank == 3 && !ignored(name)) {
+      // Split the fused experts as published releases do: gate rows, up rows, down.
+      const std::string base = name.substr(0, name.rfind('.') + 1);  // "...layers.L.experts."
+      const std::int64_t E = t.shape[0], rows = t.shape[1], cols = t.shape[2];
+      const bool gate_up = fused_it->second.param == dg::Param::kExpertsGateUp;
+      for (std::int64_t e = 0; e < E; ++e) {
+        const std::string m = base + std::to_string(e) + ".";
+        if (gate_up) {
+          add_quantized(m + "gate_proj", &t, e * rows, rows / 2, cols);
+          add_quantized(m + "up_proj", &t, e * rows + rows / 2, rows / 2, cols);
+        } else {
+          add_quantized(m + "down_proj", &t, e * rows, rows, cols);
+        }
+      }
+    } else if (is_linear && is_float(t.dtype) && !ignored(module)) {
+      add_quantized(module, &t, 0, t.shape[0], t.shape[1]);
+    } else {
+      Item it;
+      it.module = name;
+      it.source = &t;
+      it.outputs.push_back({name, t.dtype, t.shape});
+      items.push_back(std::move(it));
+    }
+  }
+  if (spec.scale_dtype == dg::DType::kSentinel) {
+    throw dg::Error(dg::StatusCode::kInvalidArgument, src + ": no Linear weight to quantize");
+  }
+  std::size_t quantized_count = 0;
+  for (Item& it : items) {
+    if (!it.quantize) continue;
+    ++quantized_count;
+    for (auto& t : dg::io::planned_tensors(it.rows, it.cols, spec)) it.outputs.push_back({it.module + t.suffix, t.dtype, t.shape});
+  }
+
+  // Shards in item order, each at most shard_limit bytes (an item larger than that gets its own).
+  std::vector<std::vector<std::size_t>> shards(1);
+  std::uint64_t in_shard = 0, total = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::uint64_t b = items[i].bytes();
+    if (in_shard > 0 && in_shard + b > shard_limit) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += b;
+    total += b;
+  }
+
+  if (::mkdir(dst.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw dg::Error(dg::StatusCode::kIoError, dst + ": cannot create: " + std::strerror(errno));
+  }
+  if (::access((dst + "/model.safetensors.index.json").c_str(), F_OK) == 0 ||
+      ::access((dst + "/model.safetensors").c_str(), F_OK) == 0) {
+    throw dg::Error(dg::StatusCode::kInvalidArgument, dst + ": already holds a checkpoint; choose an empty directory");
+  }
+  std::fprintf(stderr, "quantize: %s -> %s, %s%s, %zu matrices quantized, %zu shard%s, %.1f MiB\n", src.c_str(),
+               dst.c_str(), dg::io::quant_scheme_name(spec.scheme),
+               spec.group_size > 0 ? (" group " + std::to_string(spec.group_size)).c_str() : " per channel",
+               quantized_count, shards.size(), shards.size() == 1 ? "" : "s", total / 1048576.0);
+
+  const auto start = std::chrono::steady_clock::now();
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  std::uint64_t done = 0, last_report = 0;
+  std::vector<float> rows;
+  char file[64];
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    std::vector<dg::io::TensorSpec> specs;
+    for (std::size_t i : shards[s]) {
+      for (const auto& t : items[i].outputs) {
+        specs.push_back(t);
+        weight_map[t.name] = file;
+      }
+    }
+    dg::io::SafetensorsStream out(dst + "/" + file, specs);
+    for (std::size_t i : shards[s]) {
+      const Item& it = items[i];
+      const dg::RawTensor& t = *it.source;
+      if (!it.quantize) {
+        // In pieces, releasing each: a 1.4 GiB embedding never becomes resident all at once.
+        constexpr std::size_t kPiece = std::size_t{64} << 20;
+        for (std::size_t off = 0; off < t.nbytes; off += kPiece) {
+          const std::size_t n = std::min(kPiece, t.nbytes - off);
+          out.append(t.data + off, n);
+          release(t.data + off, n);
+        }
+      } else {
+        const std::int64_t n = it.rows * it.cols;
+        rows.resize(static_cast<std::size_t>(n));
+        const std::int64_t first = it.row0 * it.cols;
+        widen(t, first, n, rows.data());
+        for (const auto& q : dg::io::quantize_matrix(rows.data(), it.rows, it.cols, spec)) out.append(q.bytes.data(), q.bytes.size());
+        release(t.data + first * static_cast<std::int64_t>(dg::dtype_size(t.dtype)),
+                static_cast<std::size_t>(n) * dg::dtype_size(t.dtype));
+      }
+      done += it.bytes();
+      if (done - last_report >= total / 20 || done == total) {
+        last_report = done;
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::fprintf(stderr, "quantize: %3.0f%%  %.1f/%.1f MiB written, %.1f s  (%s)\n", 100.0 * done / total,
+                     done / 1048576.0, total / 1048576.0, secs, it.module.c_str());
+      }
+    }
+    out.finish();
+  }
+
+  nlohmann::ordered_json index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = weight_map;
+  std::ofstream(dst + "/model.safetensors.index.json") << index.dump(2) << "\n";
+
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(dg::io::read_text_file(src + "/config.json"));
+  config["quantization_config"] = spec.config_json(kIgnore);
+  std::ofstream(dst + "/config.json") << config.dump(2) << "\n";
+  // Everything else beside the weights (generation config, tokenizer, chat template) comes along.
+  if (DIR* d = ::opendir(src.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      struct stat st {};
+      if (::stat((src + "/" + n).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      const bool weights = n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0;
+      if (weights || n == "config.json" || n == "model.safetensors.index.json") continue;
+      copy_file(src + "/" + n, dst + "/" + n);
+    }
+    ::closedir(d);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "quantize: wrote %s (%.1f MiB in %zu shard%s) in %.1f s\n", dst.c_str(), total / 1048576.0,
+               shards.size(), shards.size() == 1 ? "" : "s", secs);
+  return 0;
+}
+
+int cmd_dequantize(const std::vector<std::string>& args) {
+  Flags f("dequantize",
+          "Writes every quantized matrix of a checkpoint, dequantised as this library computes with it, to\n"
+          "one safetensors file of F32 tensors named <module>.weight (for comparing with other tools:\n"
+          "tools/reference/check_quantized_readback.py). Holds the output in memory: for small checkpoints.",
+          {{"model", "DIR", "quantized checkpoint directory"}, {"out", "FILE", "output .safetensors"}});
+  if (!f.parse(args)) {
+    std::cout << f.usage();
+    return 0;
+  }
+  const dg::io::LoadedCheckpoint c = dg::io::load_checkpoint(f.required("model"));
+  dg::io::SafetensorsWriter out;
+  std::size_t count = 0;
+  std::function<void(const dg::Weight&)> visit = [&](const dg::Weight& w) {
+    if (w.is_split()) {
+      for (const dg::Weight& p : *w.parts) visit(p);
+      return;
+    }
+    if (!w.is_quantized()) return;
+    const dg::QuantizedMatrix& q = *w.quant;
+    std::vector<std::byte> buf(static_cast<std::size_t>(q.rows * q.cols) * dg::dtype_size(q.scale_dtype()));
+    dg::cpu::kernels::dequantize_rows(q, 0, q.rows, buf.data());
+    dg::RawTensor t;
+    t.data = buf.data();
+    t.dtype = q.scale_dtype();
+    t.shape = dg::Shape{q.rows, q.cols};
+    std::vector<float> values(static_cast<std::size_t>(q.rows * q.cols));
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = dg::load_as_float(t, static_cast<std::int64_t>(i));
+    out.add(q.module + ".weight", t.shape, values.data());
+    ++count;
+  };
+  dg::for_each_parameter(c.config, c.weights, [&](const dg::ParamSpec&, const dg::Weight& w) { visit(w); });
+  out.write(f.required("out"));
+  std::fprintf(stderr, "dequantize: wrote %zu matrices to %s\n", count, f.str("out").c_str());
+  return 0;
+}
+
+}  // namespace dgemma

@@ -1,0 +1,299 @@
+// SPDX-License-Identifier: Apache-2.0
+// The `quantization_config` of a checkpoint (docs/quantization.md): compressed-tensors (what vLLM
+// serves and llm-compressor writes) and GPTQ (GPTQModel). Parsing checks every field this
+// library relies on and refuses, naming the key, every scheme it does not compute (NVFP4,
+// block-wise scales, 2- and 3-bit integers, activation-order groups, sparsity, transforms,
+// quantized KV caches), so an unsupported checkpoint fails at load, never computes wrongly.
+//
+// Which modules a compressed-tensors group applies to follows the package's rules: `ignore` wins;
+// then a target matches a module by exact name, by a `re:` regular expression matched from the
+// start of the name, or by the module's class name ("Linear", "Embedding").
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <diffusion_gemma/core/status.hpp>
+#include <diffusion_gemma/io/json_file.hpp>
+
+namespace diffusion_gemma::io {
+
+enum class QuantMethod { kNone, kCompressedTensors, kGptq };
+
+// A module target or ignore entry: an exact name, a class name, or "re:" and a regular expression
+// (compiled once). A config.json may come from anywhere, so a pattern is at most 512 characters
+// with no counted repetition ({n}: none of the published configs uses one), which keeps the
+// compiled automaton linear in the pattern; libstdc++ matches it without backtracking.
+struct ModulePattern {
+  static constexpr std::size_t kMaxLength = 512;
+  std::string text;
+  std::shared_ptr<const std::regex> re;
+
+  // Throws std::regex_error for a pattern it will not compile.
+  explicit ModulePattern(std::string t) : text(std::move(t)) {
+    if (text.compare(0, 3, "re:") != 0) return;
+    const std::string body = text.substr(3);
+    if (body.size() > kMaxLength || body.find('{') != std::string::npos) {
+      throw std::regex_error(std::regex_constants::error_complexity);
+    }
+    re = std::make_shared<const std::regex>(body, std::regex::ECMAScript | kLinearTime);
+  }
+  bool matches(const std::string& name, const std::string& cls) const {
+    // Python's re.match: anchored at the start, not at the end.
+    if (re) return std::regex_search(name, *re, std::regex_constants::match_continuous);
+    return text == name || (!cls.empty() && text == cls);
+  }
+
+ private:
+#if defined(__GLIBCXX__)
+  static constexpr std::regex_constants::syntax_option_type kLinearTime = std::regex_constants::__polynomial;
+#else
+  static constexpr std::regex_constants::syntax_option_type kLinearTime = std::regex_constants::syntax_option_type{};
+#endif
+};
+
+// The weight arguments of one compressed-tensors config group.
+struct QuantWeights {
+  std::string type;        // "int" or "float"
+  int num_bits = 8;
+  bool symmetric = true;
+  std::string strategy;    // "tensor", "channel" or "group"
+  std::int64_t group_size = 0;
+  std::string format;      // "float-quantized", "int-quantized" or "pack-quantized"
+
+  std::string describe() const {
+    std::string s = (type == "float" ? std::string("fp8 e4m3") : "int" + std::to_string(num_bits));
+    if (strategy == "group") s += " group " + std::to_string(group_size);
+    else s += " per " + strategy;
+    if (type == "int") s += symmetric ? " symmetric" : " asymmetric";
+    return s + " (" + format + ")";
+  }
+};
+
+struct QuantGroup {
+  std::string name;
+  std::vector<ModulePattern> targets;
+  bool quantizes_weights = false;
+  QuantWeights weights;
+};
+
+struct QuantizationConfig {
+  QuantMethod method = QuantMethod::kNone;
+  std::string source;  // file it came from, for messages
+  // compressed-tensors
+  std::vector<QuantGroup> groups;
+  std::vector<ModulePattern> ignore;
+  // GPTQ
+  int bits = 4;
+  std::int64_t group_size = 128;
+  bool desc_act = false;
+  bool sym = true;
+  bool v1 = true;  // checkpoint_format "gptq": zero points stored minus one
+
+  bool quantized() const { return method != QuantMethod::kNone; }
+  std::string describe() const {
+    if (method == QuantMethod::kNone) return "none";
+    if (method == QuantMethod::kGptq) {
+      return "gptq int" + std::to_string(bits) + (group_size > 0 ? " group " + std::to_string(group_size) : " per channel") +
+             (sym ? " symmetric" : " asymmetric") + (desc_act ? ", act-order (g_idx)" : "") + (v1 ? "" : ", v2 zeros");
+    }
+    std::string s = "compressed-tensors";
+    const char* sep = ": ";
+    for (const QuantGroup& g : groups) {
+      if (!g.quantizes_weights) continue;
+      s += sep + g.name + " = " + g.weights.describe();
+      sep = "; ";
+    }
+    return s;
+  }
+
+  // Index of the group that quantizes module `name` (class `cls`), or -1 when it stays in the
+  // checkpoint's float dtype (ignored, or no group targets it).
+  int group_of(const std::string& name, const std::string& cls) const {
+    for (const ModulePattern& pattern : ignore) {
+      if (pattern.matches(name, cls)) return -1;
+    }
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      if (!groups[i].quantizes_weights) continue;
+      for (const ModulePattern& t : groups[i].targets) {
+        if (t.matches(name, cls)) return static_cast<int>(i);
+      }
+    }
+    return -1;
+  }
+};
+
+namespace detail {
+
+inline std::vector<ModulePattern> pattern_list(const JsonObject& o, const std::string& key) {
+  std::vector<ModulePattern> out;
+  if (!o.has_non_null(key)) return out;
+  const Json& v = o.raw(key);
+  if (!v.is_array()) o.fail(key, "expected a list of strings, got ", JsonObject::type_of(v));
+  for (const Json& s : v) {
+    if (!s.is_string()) o.fail(key, "expected a list of strings, found ", JsonObject::type_of(s));
+    try {
+      out.emplace_back(s.get<std::string>());
+    } catch (const std::regex_error& e) {
+      o.fail(key, "pattern '", s.get<std::string>(), "' is not a regular expression this library compiles (", e.what(),
+             "; at most ", ModulePattern::kMaxLength, " characters, no {n} repetitions)");
+    }
+  }
+  return out;
+}
+
+template <class... Args>
+[[noreturn]] void refuse(const JsonObject& o, const std::string& key, Args&&... why) {
+  throw_error(StatusCode::kUnsupported, o.where(key), ": ", std::forward<Args>(why)...);
+}
+
+inline bool empty_or_null(const JsonObject& o, const std::string& key) {
+  if (!o.has_non_null(key)) return true;
+  const Json& v = o.raw(key);
+  return (v.is_object() || v.is_array()) && v.empty();
+}
+
+inline QuantWeights parse_quant_weights(const JsonObject& w, const std::string& format) {
+  QuantWeights q;
+  q.type = w.string("type");
+  q.num_bits = w.int32("num_bits");
+  q.symmetric = w.boolean_or("symmetric", true);
+  q.strategy = w.has_non_null("strategy") ? w.string("strategy") : std::string("tensor");
+  if (w.has_non_null("dynamic")) {
+    const Json& d = w.raw("dynamic");
+    if (!(d.is_boolean() && !d.get<bool>())) refuse(w, "dynamic", "dynamically quantized weights are not supported");
+  }
+  if (w.has_non_null("block_structure") || q.strategy == "block") {
+    refuse(w, "strategy", "block-wise weight scales (strategy 'block') are not supported");
+  }
+  if (q.strategy == "tensor_group") refuse(w, "strategy", "strategy 'tensor_group' (NVFP4) is not supported");
+  if (q.strategy != "tensor" && q.strategy != "channel" && q.strategy != "group") {
+    refuse(w, "strategy", "weight strategy '", q.strategy, "' is not supported (tensor, channel, group)");
+  }
+  if (w.has_non_null("actorder")) {
+    const Json& a = w.raw("actorder");
+    const std::string order = a.is_string() ? a.get<std::string>() : a.dump();
+    // "weight"/"static" only reorder the quantisation itself; "group"/"dynamic" store g_idx.
+    if (order != "weight" && order != "static") {
+      refuse(w, "actorder", "activation-order groups (actorder '", order, "', weight_g_idx) are not supported");
+    }
+  }
+  if (q.strategy == "group") {
+    q.group_size = w.integer("group_size");
+    if (q.group_size <= 0) w.fail("group_size", "must be positive for strategy 'group' (got ", q.group_size, ")");
+  }
+  if (q.type == "float") {
+    if (q.num_bits != 8) refuse(w, "num_bits", "float weights of ", q.num_bits, " bits are not supported (FP8 E4M3 only)");
+    if (!q.symmetric) refuse(w, "symmetric", "asymmetric FP8 weights are not supported");
+  } else if (q.type == "int") {
+    if (q.num_bits != 4 && q.num_bits != 8) {
+      refuse(w, "num_bits", "int", q.num_bits, " weights are not supported (4 and 8 bits)");
+    }
+  } else {
+    w.fail("type", "unknown weight type '", q.type, "' (int, float)");
+  }
+  q.format = format;
+  if (format == "float-quantized") {
+    if (q.type != "float") refuse(w, "type", "format float-quantized with ", q.type, " weights");
+  } else if (format == "int-quantized") {
+    if (q.type != "int" || q.num_bits != 8) refuse(w, "num_bits", "format int-quantized needs int8 weights");
+    if (!q.symmetric) refuse(w, "symmetric", "asymmetric int-quantized weights are not supported");
+  } else if (format == "pack-quantized") {
+    if (q.type != "int") refuse(w, "type", "format pack-quantized with ", q.type, " weights");
+  } else if (format.find("nvfp4") != std::string::npos) {
+    refuse(w, "type", "format '", format, "' (NVFP4) is not supported");
+  } else {
+    refuse(w, "type", "compressed-tensors format '", format,
+           "' is not supported (float-quantized, int-quantized, pack-quantized, mixed-precision)");
+  }
+  return q;
+}
+
+inline QuantizationConfig parse_compressed_tensors(const JsonObject& qc) {
+  QuantizationConfig c;
+  c.method = QuantMethod::kCompressedTensors;
+  c.source = qc.file();
+  const std::string status = qc.has_non_null("quantization_status") ? qc.string("quantization_status") : "compressed";
+  if (status != "compressed") {
+    refuse(qc, "quantization_status", "status '", status, "': only compressed checkpoints are read");
+  }
+  for (const char* key : {"sparsity_config", "transform_config", "kv_cache_scheme"}) {
+    if (!empty_or_null(qc, key)) {
+      refuse(qc, key, "is set; sparse, transformed (rotated) and KV-cache-quantized checkpoints are not supported");
+    }
+  }
+  const std::string format = qc.has_non_null("format") ? qc.string("format") : std::string("mixed-precision");
+  c.ignore = pattern_list(qc, "ignore");
+  const JsonObject groups = qc.object("config_groups");
+  for (auto it = groups.raw_begin(); it != groups.raw_end(); ++it) {
+    const JsonObject g(it.value(), qc.file(), "quantization_config.config_groups." + it.key());
+    QuantGroup group;
+    group.name = it.key();
+    group.targets = pattern_list(g, "targets");
+    std::string group_format = g.has_non_null("format") ? g.string("format") : format;
+    if (g.has_non_null("weights")) {
+      if (group_format == "mixed-precision") g.fail("format", "a mixed-precision checkpoint needs a format per group");
+      group.quantizes_weights = true;
+      group.weights = parse_quant_weights(g.object("weights"), group_format);
+    }
+    c.groups.push_back(std::move(group));
+  }
+  return c;
+}
+
+inline QuantizationConfig parse_gptq(const JsonObject& qc) {
+  QuantizationConfig c;
+  c.method = QuantMethod::kGptq;
+  c.source = qc.file();
+  c.bits = qc.int32("bits");
+  if (c.bits != 4 && c.bits != 8) refuse(qc, "bits", "GPTQ with ", c.bits, " bits is not supported (4 and 8)");
+  c.group_size = qc.integer_or("group_size", 128);
+  if (c.group_size == 0 || c.group_size < -1) qc.fail("group_size", "must be -1 or positive (got ", c.group_size, ")");
+  c.desc_act = qc.boolean_or("desc_act", false);
+  c.sym = qc.boolean_or("sym", true);
+  std::string fmt = "gptq";
+  for (const char* key : {"checkpoint_format", "format"}) {
+    if (qc.has_non_null(key)) fmt = qc.string(key);
+  }
+  if (fmt == "gptq") c.v1 = true;
+  else if (fmt == "gptq_v2") c.v1 = false;
+  else refuse(qc, "checkpoint_format", "GPTQ checkpoint format '", fmt, "' is not supported (gptq, gptq_v2)");
+  return c;
+}
+
+}  // namespace detail
+
+// Parses `quantization_config` out of a config.json root (absent: not quantized). `source` names
+// the file in messages.
+inline QuantizationConfig parse_quantization_config(const Json& root_json, const std::string& source) {
+  const JsonObject root(root_json, source, "");
+  if (!root.has_non_null("quantization_config")) return {};
+  const JsonObject qc = root.object("quantization_config");
+  const std::string method = qc.string("quant_method");
+  if (method == "compressed-tensors") return detail::parse_compressed_tensors(qc);
+  if (method == "gptq") return detail::parse_gptq(qc);
+  detail::refuse(qc, "quant_method", "quantization method '", method,
+                 "' is not supported (compressed-tensors, gptq; GGUF files are not read)");
+}
+
+// From config.json, or else from GPTQModel's quantize_config.json beside it.
+inline QuantizationConfig load_quantization_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  QuantizationConfig c = parse_quantization_config(read_json_file(path), path);
+  if (c.quantized()) return c;
+  const std::string gptq = dir + "/quantize_config.json";
+  if (std::FILE* f = std::fopen(gptq.c_str(), "rb")) {
+    std::fclose(f);
+    Json wrapped = Json::object();
+    wrapped["quantization_config"] = read_json_file(gptq);
+    if (!wrapped["quantization_config"].contains("quant_method")) wrapped["quantization_config"]["quant_method"] = "gptq";
+    return parse_quantization_config(wrapped, gptq);
+  }
+  return c;
+}
+
+}  // namespace diffusion_gemma::io

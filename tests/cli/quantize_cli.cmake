@@ -1,0 +1,67 @@
+# SPDX-License-Identifier: Apache-2.0
+# `dgemma quantize` end to end: the BF16 base fixture quantised with the scheme of a fixture that
+# compressed-tensors wrote from the same weights must dequantise to exactly the same matrices
+# (compared through `dgemma dequantize`), and bad flags are refused by name.
+#   cmake -DDGEMMA=<dgemma> -DFIXTURES=<tests/fixtures> -DWORK=<dir> -P quantize_cli.cmake
+cmake_policy(VERSION 3.21)
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+
+function(run)
+  execute_process(COMMAND ${DGEMMA} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "dgemma ${ARGN} failed (${rc}):\n${out}\n${err}")
+  endif()
+  set(last_err "${err}" PARENT_SCOPE)
+endfunction()
+
+# fixture -> dgemma quantize flags that reproduce it
+set(cases "w4a16_asym_g64|--scheme,w4a16,--group-size,64,--asymmetric"
+          "w8a16_channel|--scheme,w8a16"
+          "int8_channel_split|--scheme,int8"
+          "fp8_channel|--scheme,fp8,--shard-size,0.1")
+foreach(c IN LISTS cases)
+  string(REPLACE "|" ";" parts "${c}")
+  string(REPLACE "," ";" parts "${parts}")
+  list(GET parts 0 fixture)
+  list(SUBLIST parts 1 -1 flags)
+  set(out "${WORK}/${fixture}")
+  run(quantize --model ${FIXTURES}/quant/base --out ${out} ${flags})
+  if(NOT last_err MATCHES "quantize: 100%")
+    message(FATAL_ERROR "dgemma quantize printed no progress:\n${last_err}")
+  endif()
+  foreach(f config.json generation_config.json model.safetensors.index.json)
+    if(NOT EXISTS "${out}/${f}")
+      message(FATAL_ERROR "dgemma quantize wrote no ${f}")
+    endif()
+  endforeach()
+  run(dequantize --model ${out} --out ${out}.ours.safetensors)
+  if(fixture STREQUAL "int8_channel_split")
+    continue()  # the fixture keeps its experts fused in BF16; ours splits and quantises them
+  endif()
+  run(dequantize --model ${FIXTURES}/quant/${fixture} --out ${out}.theirs.safetensors)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${out}.ours.safetensors ${out}.theirs.safetensors
+                  RESULT_VARIABLE same)
+  if(NOT same EQUAL 0)
+    message(FATAL_ERROR "dgemma quantize ${flags} does not reproduce compressed-tensors' ${fixture}")
+  endif()
+endforeach()
+# fp8 with a 0.1 MiB shard limit must have been split into several shards.
+file(GLOB shards "${WORK}/fp8_channel/model-*-of-*.safetensors")
+list(LENGTH shards n)
+if(n LESS 2)
+  message(FATAL_ERROR "--shard-size 0.1 wrote ${n} shard(s)")
+endif()
+
+function(expect_refusal pattern)
+  execute_process(COMMAND ${DGEMMA} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(rc EQUAL 0 OR NOT err MATCHES "${pattern}")
+    message(FATAL_ERROR "dgemma ${ARGN}: expected an error matching '${pattern}', got ${rc}:\n${err}")
+  endif()
+endfunction()
+expect_refusal("--scheme" quantize --model ${FIXTURES}/quant/base --out ${WORK}/x --scheme int3)
+expect_refusal("--group-size" quantize --model ${FIXTURES}/quant/base --out ${WORK}/x --scheme w4a16 --group-size 48)
+expect_refusal("--asymmetric" quantize --model ${FIXTURES}/quant/base --out ${WORK}/x --scheme fp8 --asymmetric)
+expect_refusal("already quantized" quantize --model ${FIXTURES}/quant/w8a16_channel --out ${WORK}/x --scheme w4a16)
+expect_refusal("already holds a checkpoint" quantize --model ${FIXTURES}/quant/base --out ${WORK}/fp8_channel --scheme fp8)
+message(STATUS "dgemma quantize: all checks passed")
