@@ -265,3 +265,107 @@ TEST_CASE("DG_CPU_ISA is parsed strictly", "[cpu][isa]") {
     CHECK_THROWS_AS(cpu::resolve_isa("amx"), Error);
   }
 }
+
+namespace {
+
+// A random quantized matrix in one of the compressed-tensors layouts, with its storage.
+struct RandomQuantized {
+  std::vector<unsigned char> values, scales, zeros;
+  QuantizedMatrix q;
+  RandomQuantized(QuantFormat format, int bits, std::int64_t rows, std::int64_t cols, std::int64_t group, DType scale_dtype,
+                  bool asymmetric, std::mt19937& gen) {
+    q.format = format;
+    q.bits = bits;
+    q.rows = rows;
+    q.cols = cols;
+    q.group_size = group;
+    const std::int64_t row_bytes = format == QuantFormat::kPacked ? (cols * bits + 31) / 32 * 4 : cols;
+    values.resize(static_cast<std::size_t>(rows * row_bytes));
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& b : values) b = static_cast<unsigned char>(byte(gen));
+    if (format == QuantFormat::kFp8) {
+      for (auto& b : values)
+        if ((b & 0x7f) == 0x7f) b = 0x3f;  // no NaN codes
+    }
+    const std::int64_t groups = group > 0 ? (cols + group - 1) / group : 1;
+    const std::int64_t n_scales = group < 0 ? 1 : rows * groups;
+    scales.resize(static_cast<std::size_t>(n_scales) * dtype_size(scale_dtype));
+    std::uniform_real_distribution<float> scale(1e-3f, 0.1f);
+    for (std::int64_t i = 0; i < n_scales; ++i) {
+      const float s = scale(gen);
+      if (scale_dtype == DType::kF32) std::memcpy(scales.data() + 4 * i, &s, 4);
+      else {
+        const std::uint16_t h = scale_dtype == DType::kBF16 ? bfloat16::from_float(s).bits : float16::from_float(s).bits;
+        std::memcpy(scales.data() + 2 * i, &h, 2);
+      }
+    }
+    const auto raw = [](std::vector<unsigned char>& v, DType t, Shape s) {
+      RawTensor r;
+      r.data = reinterpret_cast<const std::byte*>(v.data());
+      r.dtype = t;
+      r.shape = s;
+      r.nbytes = v.size();
+      return r;
+    };
+    q.values = raw(values, format == QuantFormat::kPacked ? DType::kI32 : DType::kU8, Shape{rows, row_bytes});
+    q.scale = raw(scales, scale_dtype, Shape{n_scales});
+    if (asymmetric) {
+      zeros.resize(static_cast<std::size_t>((rows * bits + 31) / 32 * groups * 4));
+      for (auto& b : zeros) b = static_cast<unsigned char>(byte(gen));
+      q.zero_point = raw(zeros, DType::kI32, Shape{(rows * bits + 31) / 32, groups});
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("vector dequantisation equals the scalar form bit for bit; quantized products match the oracle",
+          "[cpu][kernels][quant]") {
+  std::mt19937 gen(11);
+  struct Layout {
+    QuantFormat format;
+    int bits;
+    bool asymmetric;
+  };
+  const Layout layouts[] = {{QuantFormat::kPacked, 4, false}, {QuantFormat::kPacked, 4, true}, {QuantFormat::kPacked, 8, false},
+                            {QuantFormat::kPacked, 8, true},  {QuantFormat::kInt8, 8, false},  {QuantFormat::kFp8, 8, false}};
+  for (const Layout& l : layouts) {
+    for (DType st : {DType::kBF16, DType::kF16, DType::kF32}) {
+      for (std::int64_t group : {std::int64_t{0}, std::int64_t{32}, std::int64_t{64}, std::int64_t{-1}}) {
+        if (group < 0 && l.format == QuantFormat::kPacked) continue;
+        for (std::int64_t cols : {std::int64_t{96}, std::int64_t{104}, std::int64_t{13}, std::int64_t{200}}) {
+          if (group > 0 && cols % 8 != 0) continue;
+          const std::int64_t rows = 37;
+          RandomQuantized m(l.format, l.bits, rows, cols, group, st, l.asymmetric, gen);
+          INFO("format " << static_cast<int>(l.format) << " bits " << l.bits << " asym " << l.asymmetric << " scale "
+                         << dtype_name(st) << " group " << group << " cols " << cols);
+          std::vector<std::byte> want(static_cast<std::size_t>(rows * cols) * dtype_size(st));
+          cpu::kernels::dequantize_rows(m.q, 0, rows, want.data());
+          for (cpu::Isa isa : runnable_isas()) {
+            INFO(cpu::isa_name(isa));
+            std::vector<std::byte> got(want.size());
+            cpu::kernels::dequantize_rows(isa, m.q, 3, rows - 3, got.data());
+            CHECK(std::memcmp(got.data(), want.data() + 3 * cols * static_cast<std::int64_t>(dtype_size(st)),
+                              got.size() - 3 * cols * dtype_size(st)) == 0);
+            // The product with the quantized weight equals the product with its dequantised copy.
+            Weight w = Weight::quantized(m.q);
+            Weight dense;
+            dense.data = want.data();
+            dense.dtype = st;
+            dense.shape = Shape{rows, cols};
+            const std::int64_t M = 7;
+            std::vector<float> x(static_cast<std::size_t>(M * cols)), y(static_cast<std::size_t>(M * rows)), z(y.size());
+            std::normal_distribution<float> normal;
+            for (float& v : x) v = normal(gen);
+            cpu::KernelContext ctx;
+            ctx.isa = isa;
+            ctx.precision = cpu::Precision::kExact;
+            cpu::linear(ctx, w, x.data(), cols, M, y.data(), rows);
+            cpu::linear(ctx, dense, x.data(), cols, M, z.data(), rows);
+            CHECK(y == z);
+          }
+        }
+      }
+    }
+  }
+}

@@ -31,7 +31,7 @@
 #include <diffusion_gemma/cpu/kernels/amx.hpp>
 #include <diffusion_gemma/cpu/kernels/avx2.hpp>
 #include <diffusion_gemma/cpu/kernels/avx512.hpp>
-#include <diffusion_gemma/cpu/kernels/dequantize.hpp>
+#include <diffusion_gemma/cpu/kernels/dequantize_simd.hpp>
 #include <diffusion_gemma/cpu/kernels/generic.hpp>
 #include <diffusion_gemma/cpu/kernels/operands.hpp>
 #include <diffusion_gemma/cpu/parallel.hpp>
@@ -157,7 +157,7 @@ inline void quantized_linear(const KernelContext& ctx, const QuantizedMatrix& q,
     std::byte* buf = kernels::scratch<std::byte, 8>(static_cast<std::size_t>(block * k) * dtype_size(dt));
     for (std::int64_t r = n0; r < n1; r += block) {
       const std::int64_t rows = std::min(block, n1 - r);
-      kernels::dequantize_rows(q, r, rows, buf);
+      kernels::dequantize_rows(ctx.isa, q, r, rows, buf);
       kernels::MatrixB b;
       b.data = buf;
       b.dtype = dt;
