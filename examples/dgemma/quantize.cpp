@@ -41,11 +41,6 @@ namespace dg = diffusion_gemma;
 
 namespace {
 
-// Modules kept in the checkpoint's dtype, as the published releases keep them: the embedding
-// (also the tied LM head), every norm, the router, the self-conditioning MLP, the vision tower.
-const std::vector<std::string> kIgnore = {"lm_head",          "re:.*embed_tokens.*",      "re:.*norm.*",
-                                          "re:.*router.*",    "re:.*self_conditioning.*", "re:.*vision.*"};
-
 // One unit of output: a tensor copied as it is, or a matrix (possibly a row block of one expert of
 // a fused tensor) quantised into several tensors.
 struct Item {
@@ -155,7 +150,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
   }
   const std::regex split_expert(R"(.*\.experts\.\d+\.(gate|up|down)_proj\.weight$)");
   std::vector<dg::io::ModulePattern> ignore;
-  for (const auto& p : kIgnore) ignore.emplace_back(p);
+  for (const auto& p : dg::io::default_ignore()) ignore.emplace_back(p);
   const auto ignored = [&](const std::string& module) {
     for (const auto& p : ignore)
       if (p.matches(module, "Linear")) return true;
@@ -301,7 +296,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
   std::ofstream(dst + "/model.safetensors.index.json") << index.dump(2) << "\n";
 
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(dg::io::read_text_file(src + "/config.json"));
-  config["quantization_config"] = spec.config_json(kIgnore);
+  config["quantization_config"] = spec.config_json(dg::io::default_ignore());
   std::ofstream(dst + "/config.json") << config.dump(2) << "\n";
   // Everything else beside the weights (generation config, tokenizer, chat template) comes along.
   if (DIR* d = ::opendir(src.c_str())) {

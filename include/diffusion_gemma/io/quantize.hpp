@@ -133,6 +133,14 @@ struct QuantizeSpec {
   }
 };
 
+// Modules kept in the checkpoint's dtype, as the published releases keep them: the embedding
+// (also the tied LM head), every norm, the router, the self-conditioning MLP, the vision tower.
+inline const std::vector<std::string>& default_ignore() {
+  static const std::vector<std::string> ignore = {"lm_head",       "re:.*embed_tokens.*",      "re:.*norm.*",
+                                                  "re:.*router.*", "re:.*self_conditioning.*", "re:.*vision.*"};
+  return ignore;
+}
+
 // One output tensor: the module's name plus `suffix`.
 struct QuantizedTensor {
   std::string suffix;  // ".weight", ".weight_packed", ".weight_scale", ...
