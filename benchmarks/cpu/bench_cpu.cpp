@@ -228,6 +228,13 @@ int main(int argc, char** argv) {
   out["kv_cache_bytes"] = static_cast<double>(dg::cpu::KvCache::bytes_for(cfg, P + C));
   out["generate_kv_cache_bytes"] = static_cast<double>(dg::cpu::KvCache::bytes_for(cfg, P + canvases * C));
   out["peak_rss_bytes"] = static_cast<double>(peak_rss_kib()) * 1024.0;
+  if (only.find("membw") != std::string::npos) {  // after peak_rss: its buffer is 1 GiB
+    // How long streaming every weight once takes at this machine's read bandwidth: the floor of a
+    // step that touches every matrix (a 256-token canvas routes to nearly every expert).
+    const double gbs = dg_bench::measured_read_bandwidth_gbs(engine.kernels().threads);
+    out["memory_read_gbs"] = gbs;
+    out["weights_stream_seconds"] = static_cast<double>(model->weight_bytes()) / (gbs * 1e9);
+  }
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

@@ -4,8 +4,10 @@
 // on every thread for a fixed time. Benchmarks print achieved GFLOP/s next to it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #include <diffusion_gemma/cpu/isa.hpp>
 #include <diffusion_gemma/cpu/parallel.hpp>
@@ -112,6 +114,33 @@ inline double measured_peak_gflops(diffusion_gemma::cpu::Isa isa, bool bf16, int
   (void)threads;
   return 0.0;
 #endif
+}
+
+// Memory read bandwidth in GB/s on `threads` threads: the best of 3 passes summing a 1 GiB
+// buffer (far larger than any cache), the yardstick for how fast a step can stream its weights.
+inline double measured_read_bandwidth_gbs(int threads) {
+  const std::int64_t words = (std::int64_t{1} << 30) / 8, pieces = 256;
+  std::vector<std::uint64_t> data(static_cast<std::size_t>(words));
+  for (std::int64_t i = 0; i < words; ++i) data[static_cast<std::size_t>(i)] = static_cast<std::uint64_t>(i);
+  std::vector<std::uint64_t> sums(static_cast<std::size_t>(pieces));
+  double best = 0.0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    diffusion_gemma::cpu::parallel_for(
+        pieces,
+        [&](std::int64_t p) {
+          const std::uint64_t* d = data.data() + p * (words / pieces);
+          std::uint64_t s = 0;
+          for (std::int64_t i = 0; i < words / pieces; ++i) s += d[i];
+          sums[static_cast<std::size_t>(p)] = s;
+        },
+        threads);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(words * 8) / secs / 1e9);
+  }
+  volatile std::uint64_t sink = 0;
+  for (std::uint64_t s : sums) sink = sink + s;
+  return best;
 }
 
 }  // namespace dg_bench

@@ -319,6 +319,37 @@ struct RandomQuantized {
 
 }  // namespace
 
+TEST_CASE("vector FP8 decoding covers all 256 codes, NaN included", "[cpu][kernels][quant]") {
+  std::vector<unsigned char> codes(256), scale(4);
+  for (int i = 0; i < 256; ++i) codes[static_cast<std::size_t>(i)] = static_cast<unsigned char>(i);
+  const float one = 1.0f;
+  std::memcpy(scale.data(), &one, 4);
+  QuantizedMatrix q;
+  q.format = QuantFormat::kFp8;
+  q.rows = 1;
+  q.cols = 256;
+  q.group_size = -1;
+  q.values.data = reinterpret_cast<const std::byte*>(codes.data());
+  q.values.dtype = DType::kF8E4M3;
+  q.values.shape = Shape{1, 256};
+  q.scale.data = reinterpret_cast<const std::byte*>(scale.data());
+  q.scale.dtype = DType::kF32;
+  q.scale.shape = Shape{1};
+  std::vector<std::byte> want(256 * 4);
+  cpu::kernels::dequantize_rows(q, 0, 1, want.data());
+  for (cpu::Isa isa : runnable_isas()) {
+    std::vector<std::byte> got(256 * 4);
+    cpu::kernels::dequantize_rows(isa, q, 0, 1, got.data());
+    for (int i = 0; i < 256; ++i) {
+      float a, b;
+      std::memcpy(&a, want.data() + 4 * i, 4);
+      std::memcpy(&b, got.data() + 4 * i, 4);
+      INFO(cpu::isa_name(isa) << " code " << i << " scalar " << a << " vector " << b);
+      CHECK((a == b || (std::isnan(a) && std::isnan(b))));
+    }
+  }
+}
+
 TEST_CASE("vector dequantisation equals the scalar form bit for bit; quantized products match the oracle",
           "[cpu][kernels][quant]") {
   std::mt19937 gen(11);

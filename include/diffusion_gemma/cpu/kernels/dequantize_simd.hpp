@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Vector forms of cpu/kernels/dequantize.hpp for the compressed-tensors layouts (packed INT4/INT8,
-// I8, FP8), which dequantisation time decides: 16 (AVX-512) or 8 (AVX2) weights per step, with
+// I8, FP8 decoded in integer lanes), which dequantisation time decides: 16 (AVX-512) or 8 (AVX2) weights per step, with
 // the same arithmetic as the scalar form, so the result is the same bits (tests/cpu/kernels_test.cpp
 // compares them): (q - zero) as an exact float, times the scale in fp32, rounded to nearest even
 // into the scale's dtype. Compiled for their instruction sets whatever the translation unit's
@@ -22,7 +22,7 @@ namespace diffusion_gemma::cpu::kernels {
 
 namespace simd_detail {
 
-// Every FP8 E4M3 code as a float, for the gathers of the FP8 path.
+// Every FP8 E4M3 code as a float, for the scalar tails of the FP8 path.
 inline const float* fp8_table() {
   static const auto table = [] {
     struct T {
@@ -87,6 +87,22 @@ inline void dq_store(std::byte* out, std::int64_t i, __m512 v) {
   }
 }
 
+// 16 FP8 E4M3 codes as floats, exactly (core/quant.hpp's decoding in integer lanes).
+inline __m512 dq_fp8(const std::byte* p) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+  const __m512i e = _mm512_and_si512(_mm512_srli_epi32(b, 3), _mm512_set1_epi32(0xF));
+  const __m512i m = _mm512_and_si512(b, _mm512_set1_epi32(0x7));
+  const __m512i normal = _mm512_or_si512(
+      sign, _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(120)), 23), _mm512_slli_epi32(m, 20)));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(m), _mm512_set1_ps(1.0f / 512.0f));
+  const __m512i subnormal = _mm512_or_si512(sign, _mm512_castps_si512(sub));
+  __m512i v = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()), normal, subnormal);
+  const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7F)), _mm512_set1_epi32(0x7F));
+  v = _mm512_mask_blend_epi32(nan, v, _mm512_or_si512(sign, _mm512_set1_epi32(0x7fc00000)));
+  return _mm512_castsi512_ps(v);
+}
+
 // The 16 values a 4-bit group can take, (code - zero) * scale rounded into S, as 16-bit words in
 // the low half of a register: one vpermw then dequantises 32 weights.
 template <DType S>
@@ -143,8 +159,7 @@ inline bool dequantize_rows(const QuantizedMatrix& q, std::int64_t r0, std::int6
       for (; c + 16 <= c1; c += 16) {
         __m512 v;
         if (fp8 != nullptr) {
-          const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)));
-          v = _mm512_i32gather_ps(idx, fp8, 4);
+          v = dq_fp8(row + c);
         } else if (!packed) {
           v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c))));
         } else {
@@ -195,6 +210,22 @@ inline void dq_store(std::byte* out, std::int64_t i, __m256 v) {
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), _mm256_castsi256_si128(packed));
   }
+}
+
+// 8 FP8 E4M3 codes as floats, exactly.
+inline __m256 dq_fp8(const std::byte* p) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  const __m256i e = _mm256_and_si256(_mm256_srli_epi32(b, 3), _mm256_set1_epi32(0xF));
+  const __m256i m = _mm256_and_si256(b, _mm256_set1_epi32(0x7));
+  const __m256i normal = _mm256_or_si256(
+      sign, _mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(120)), 23), _mm256_slli_epi32(m, 20)));
+  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(1.0f / 512.0f));
+  const __m256i subnormal = _mm256_or_si256(sign, _mm256_castps_si256(sub));
+  __m256i v = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+  const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F)), _mm256_set1_epi32(0x7F));
+  v = _mm256_blendv_epi8(v, _mm256_or_si256(sign, _mm256_set1_epi32(0x7fc00000)), nan);
+  return _mm256_castsi256_ps(v);
 }
 
 // The 16 values of a 4-bit group rounded into S, split into low and high bytes: two pshufb then
@@ -255,8 +286,7 @@ inline bool dequantize_rows(const QuantizedMatrix& q, std::int64_t r0, std::int6
       for (; c + 8 <= c1; c += 8) {
         __m256 v;
         if (fp8 != nullptr) {
-          const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c)));
-          v = _mm256_i32gather_ps(fp8, idx, 4);
+          v = dq_fp8(row + c);
         } else if (!packed) {
           v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c))));
         } else {
