@@ -289,6 +289,33 @@ TEST_CASE("quantization_config refusals name the key and the scheme", "[io][quan
              Contains("ignore"));
 }
 
+TEST_CASE("mixed-precision configs take each group's own format", "[io][quant]") {
+  const auto parse = [](const std::string& groups) {
+    return io::parse_quantization_config(
+        io::parse_json_text(R"({"quantization_config": {"quant_method": "compressed-tensors", "format": "mixed-precision",
+          "config_groups": )" + groups + "}}",
+                            "t"),
+        "config.json");
+  };
+  const io::QuantizationConfig c = parse(R"({
+      "attn": {"targets": ["re:.*self_attn.*"], "format": "float-quantized",
+               "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}},
+      "mlp": {"targets": ["Linear"], "format": "pack-quantized",
+              "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 64, "symmetric": false}}})");
+  REQUIRE(c.groups.size() == 2);
+  CHECK(c.group_of("model.decoder.layers.0.self_attn.q_proj", "Linear") == 0);
+  CHECK(c.group_of("model.decoder.layers.0.mlp.up_proj", "Linear") == 1);
+  CHECK(c.groups[0].weights.format == "float-quantized");
+  CHECK(c.groups[1].weights.format == "pack-quantized");
+  CHECK_THAT(c.describe(), Contains("fp8 e4m3 per channel") && Contains("int4 group 64 asymmetric"));
+  try {
+    parse(R"({"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "channel"}}})");
+    FAIL("a mixed-precision group without its own format was accepted");
+  } catch (const Error& e) {
+    CHECK_THAT(std::string(e.what()), Contains("format") && Contains("mixed-precision"));
+  }
+}
+
 TEST_CASE("ignore and targets follow compressed-tensors' matching rules", "[io][quant]") {
   const io::QuantizationConfig c = io::parse_quantization_config(
       io::parse_json_text(R"({"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
