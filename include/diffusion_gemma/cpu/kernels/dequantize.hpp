@@ -59,6 +59,16 @@ inline float ct_scale(const QuantizedMatrix& q, std::int64_t r, std::int64_t c) 
   return scale_at<S>(q.scale.data, r * q.groups() + c / q.group_size);
 }
 
+// What a packed field of (row r, group gi) has subtracted from it: the storage offset 2^(bits-1),
+// plus the zero point when asymmetric (zero points are packed along the output dimension,
+// [ceil(out*bits/32), groups]).
+inline float packed_zero(const QuantizedMatrix& q, std::int64_t r, std::int64_t gi, std::int64_t groups) {
+  const float offset = static_cast<float>(1 << (q.bits - 1));
+  if (q.zero_point.empty()) return offset;
+  const std::int64_t per = 32 / q.bits;
+  return static_cast<float>(quant::unpack_field(q.zero_point.data + ((r / per) * groups + gi) * 4, r % per, q.bits));
+}
+
 template <DType S>
 void dequantize_rows_typed(const QuantizedMatrix& q, std::int64_t r0, std::int64_t n, std::byte* out) {
   const std::int64_t K = q.cols;
@@ -78,7 +88,6 @@ void dequantize_rows_typed(const QuantizedMatrix& q, std::int64_t r0, std::int64
     case QuantFormat::kPacked: {
       const int b = q.bits;
       const std::int64_t row_words = (K * b + 31) / 32;
-      const float offset = static_cast<float>(1 << (b - 1));
       const std::int64_t G = q.groups();
       const std::int64_t g = q.group_size > 0 ? q.group_size : K;
       for (std::int64_t r = 0; r < n; ++r) {
@@ -87,12 +96,7 @@ void dequantize_rows_typed(const QuantizedMatrix& q, std::int64_t r0, std::int64
         for (std::int64_t c0 = 0; c0 < K; c0 += g) {
           const std::int64_t gi = c0 / g, c1 = c0 + g < K ? c0 + g : K;
           const float s = ct_scale<S>(q, R, c0);
-          float zero = offset;
-          if (!q.zero_point.empty()) {
-            // Zero points are packed along the output dimension: [ceil(out*b/32), groups].
-            const std::int64_t per = 32 / b;
-            zero += static_cast<float>(quant::unpack_field(words(q.zero_point) + ((R / per) * G + gi) * 4, R % per, b)) - offset;
-          }
+          const float zero = packed_zero(q, R, gi, G);
           for (std::int64_t c = c0; c < c1; ++c) {
             const float v = static_cast<float>(quant::unpack_field(row, c, b)) - zero;
             store<S>(out, r * K + c, quant::dequantize(v, s, S));

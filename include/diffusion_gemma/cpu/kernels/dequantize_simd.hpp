@@ -139,12 +139,7 @@ inline bool dequantize_rows(const QuantizedMatrix& q, std::int64_t r0, std::int6
     for (std::int64_t gi = 0; gi < groups.count; ++gi) {
       const std::int64_t c0 = gi * groups.width, c1 = c0 + groups.width < K ? c0 + groups.width : K;
       const float s = kernels::detail::scale_at<S>(q.scale.data, simd_detail::scale_index(q, groups, R, gi));
-      float zero = packed ? static_cast<float>(1 << (bits - 1)) : 0.0f;
-      if (packed && !q.zero_point.empty()) {
-        const std::int64_t per = 32 / bits;
-        zero += static_cast<float>(quant::unpack_field(q.zero_point.data + ((R / per) * groups.count + gi) * 4, R % per, bits)) -
-                static_cast<float>(1 << (bits - 1));
-      }
+      const float zero = packed ? kernels::detail::packed_zero(q, R, gi, groups.count) : 0.0f;
       const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(zero);
       std::int64_t c = c0;
       if constexpr (S != DType::kF32) {
@@ -261,12 +256,7 @@ inline bool dequantize_rows(const QuantizedMatrix& q, std::int64_t r0, std::int6
     for (std::int64_t gi = 0; gi < groups.count; ++gi) {
       const std::int64_t c0 = gi * groups.width, c1 = c0 + groups.width < K ? c0 + groups.width : K;
       const float s = kernels::detail::scale_at<S>(q.scale.data, simd_detail::scale_index(q, groups, R, gi));
-      float zero = packed ? static_cast<float>(1 << (bits - 1)) : 0.0f;
-      if (packed && !q.zero_point.empty()) {
-        const std::int64_t per = 32 / bits;
-        zero += static_cast<float>(quant::unpack_field(q.zero_point.data + ((R / per) * groups.count + gi) * 4, R % per, bits)) -
-                static_cast<float>(1 << (bits - 1));
-      }
+      const float zero = packed ? kernels::detail::packed_zero(q, R, gi, groups.count) : 0.0f;
       const __m256 vs = _mm256_set1_ps(s), vz = _mm256_set1_ps(zero);
       std::int64_t c = c0;
       if constexpr (S != DType::kF32) {
