@@ -7,7 +7,21 @@ if(CUDAToolkit_FOUND)
   add_library(diffusion_gemma_cuda INTERFACE)
   add_library(diffusion_gemma::cuda ALIAS diffusion_gemma_cuda)
   set_target_properties(diffusion_gemma_cuda PROPERTIES EXPORT_NAME cuda)
-  target_link_libraries(diffusion_gemma_cuda INTERFACE diffusion_gemma CUDA::cudart CUDA::cublas)
+  # DG_CUDA_STATIC_RUNTIME links the CUDA runtime (and cuBLAS, where the toolkit ships its static
+  # archive) into each executable, so that scripts/gpu-build.sh can carry binaries to a machine that
+  # has only the NVIDIA driver. A toolkit without libcublas_static.a keeps cuBLAS shared.
+  option(DG_CUDA_STATIC_RUNTIME "Link the CUDA runtime (and cuBLAS where available) statically" OFF)
+  if(DG_CUDA_STATIC_RUNTIME)
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
+    set(_dg_cublas CUDA::cublas)
+    if(TARGET CUDA::cublas_static AND EXISTS "${CUDAToolkit_LIBRARY_DIR}/libcublas_static.a")
+      set(_dg_cublas CUDA::cublas_static)
+    endif()
+    message(STATUS "diffusion_gemma: static CUDA runtime, cuBLAS via ${_dg_cublas}")
+    target_link_libraries(diffusion_gemma_cuda INTERFACE diffusion_gemma CUDA::cudart_static ${_dg_cublas})
+  else()
+    target_link_libraries(diffusion_gemma_cuda INTERFACE diffusion_gemma CUDA::cudart CUDA::cublas)
+  endif()
 endif()
 
 set(DG_CUDA_ENABLED OFF)

@@ -7,6 +7,7 @@
 //   dg_gpu_first_step --fixture tests/fixtures/dg_wide --dtype f32 --json out.json
 //   dg_gpu_first_step --synthetic small --json out.json   hidden 1024, canvas 256, vocab 262144
 //   dg_gpu_first_step --synthetic real  --json out.json   the 26B-A4B shapes (about 50 GB in BF16)
+//   ... --generate-steps 16   also one commit and a whole generation (prefill + one canvas)
 //
 // Prints one JSON object (and writes it with --json): median / min step time, the split into
 // denoiser and vocabulary pass (CUDA events), and the time it takes to read every parameter once
@@ -23,8 +24,10 @@
 #include <vector>
 
 #include <diffusion_gemma/cuda/cuda.cuh>
+#include <diffusion_gemma/runtime/decoder.hpp>
 
 #include "load.hpp"
+#include "shapes.hpp"
 
 using namespace diffusion_gemma;
 namespace dc = diffusion_gemma::cuda;
@@ -38,6 +41,7 @@ struct Options {
   DType dtype = DType::kBF16;
   int steps = 10;
   int prompt = 512;
+  int generate_steps = 0;  // > 0: also time a whole generation of one canvas with this many steps
   double hbm_bytes_per_s = 4.8e12;  // H200 HBM3e
 };
 
@@ -45,7 +49,7 @@ struct Options {
   std::fprintf(stderr,
                "dg_gpu_first_step: %s\n"
                "usage: dg_gpu_first_step (--fixture DIR | --synthetic small|real) [--dtype bf16|f32] [--steps N]\n"
-               "                         [--prompt P] [--hbm-gbps G] [--json FILE]\n",
+               "                         [--prompt P] [--generate-steps N] [--hbm-gbps G] [--json FILE]\n",
                why);
   std::exit(2);
 }
@@ -77,6 +81,8 @@ Options parse(int argc, char** argv) {
       o.steps = std::max(1, std::atoi(value().c_str()));
     } else if (a == "--prompt") {
       o.prompt = std::max(1, std::atoi(value().c_str()));
+    } else if (a == "--generate-steps") {
+      o.generate_steps = std::max(0, std::atoi(value().c_str()));
     } else if (a == "--hbm-gbps") {
       o.hbm_bytes_per_s = std::atof(value().c_str()) * 1e9;
     } else {
@@ -85,59 +91,6 @@ Options parse(int argc, char** argv) {
   }
   if (o.fixture.empty() == o.synthetic.empty()) usage("give exactly one of --fixture and --synthetic");
   return o;
-}
-
-// Gemma 4 layer pattern: five sliding layers, then a full one; the last layer is always full.
-ModelConfig synthetic_config(const std::string& name) {
-  ModelConfig c;
-  c.family = ModelFamily::kDiffusionGemma;
-  c.source = "synthetic:" + name;
-  c.vocab_size = 262144;
-  c.canvas_length = 256;
-  c.sliding_window = 1024;
-  c.max_position_embeddings = 262144;
-  c.final_logit_softcapping = 30.0f;
-  c.enable_moe_block = true;
-  c.rope_sliding = RopeConfig{};
-  c.rope_full.type = RopeConfig::Type::kProportional;
-  c.rope_full.theta = 1e6;
-  c.rope_full.partial_rotary_factor = 0.25;
-  c.eos_token_ids = {1, 106, 50};
-  int layers = 0, sliding_kv = 0, full_kv = 0;
-  if (name == "small") {
-    c.hidden_size = 1024;
-    c.intermediate_size = 2048;
-    c.num_heads = 8;
-    c.num_experts = 32;
-    c.top_k_experts = 4;
-    c.moe_intermediate_size = 256;
-    layers = 6;
-    sliding_kv = 4;
-    full_kv = 1;
-  } else if (name == "real") {  // Gemma 4 26B-A4B (docs/model.md §1.1)
-    c.hidden_size = 2816;
-    c.intermediate_size = 2112;
-    c.num_heads = 16;
-    c.num_experts = 128;
-    c.top_k_experts = 8;
-    c.moe_intermediate_size = 704;
-    layers = 30;
-    sliding_kv = 8;
-    full_kv = 2;
-  } else {
-    usage("--synthetic is small or real");
-  }
-  for (int l = 0; l < layers; ++l) {
-    LayerSpec s;
-    const bool full = l % 6 == 5 || l == layers - 1;
-    s.type = full ? LayerType::kFull : LayerType::kSliding;
-    s.head_dim = full ? 512 : 256;
-    s.num_kv_heads = full ? full_kv : sliding_kv;
-    s.has_v_proj = !full;  // attention_k_eq_v on full layers
-    c.layers.push_back(s);
-  }
-  c.validate();
-  return c;
 }
 
 // Random parameters on the device: matrices uniform with variance 1/fan_in, vectors 1.
@@ -190,7 +143,7 @@ int main(int argc, char** argv) {
     } else {
       dc::ModelOptions mo;
       mo.dtype = o.dtype;
-      auto m = dc::Model::uninitialized(synthetic_config(o.synthetic), mo);
+      auto m = dc::Model::uninitialized(dg_gpu::synthetic_config(o.synthetic), mo);
       fill_random(*m, 2026);
       model = m;
       name = "synthetic:" + o.synthetic;
@@ -241,8 +194,35 @@ int main(int argc, char** argv) {
     e2.synchronize();
     const double denoise_ms = e1.elapsed_ms_since(e0), vocab_ms = e2.elapsed_ms_since(e1);
 
+    // One commit: the canvas appended to the cache by a causal pass (what the Decoder does after
+    // a canvas settles). The cache was sized for the prompt and one canvas.
+    const auto t_commit = clock::now();
+    engine.encode(canvas.data(), C, cache);
+    const double commit_ms = ms_since(t_commit);
+
+    // A whole generation: prefill, then one canvas of --generate-steps denoising steps (random
+    // weights never settle, so every step runs), through the unchanged Decoder.
+    double generation_ms = 0.0, generation_bound_ms = 0.0;
+    int generation_forwards = 0;
     const double bytes = static_cast<double>(model->bytes());
+    const double embed_bytes = static_cast<double>(cfg.vocab_size) * cfg.hidden_size * dtype_size(o.dtype);
+    // A step streams every parameter (with 256 tokens x top-k nearly every expert is routed to);
+    // a causal pass skips the vocabulary pass, so it reads the embedding table only row by row.
     const double bound_ms = bytes / o.hbm_bytes_per_s * 1e3;
+    const double commit_bound_ms = (bytes - embed_bytes) / o.hbm_bytes_per_s * 1e3;
+    if (o.generate_steps > 0) {
+      Decoder<dc::Engine<DiffusionGemmaBackbone>> decoder(model);
+      auto go = Decoder<dc::Engine<DiffusionGemmaBackbone>>::default_options(GenerationConfig{});
+      go.sampler.max_denoising_steps = o.generate_steps;
+      go.sampler.stopping.stability_threshold = o.generate_steps + 1;  // never stop early
+      go.scheduler.max_new_tokens = C;
+      const auto t_gen = clock::now();
+      const GenerationResult g = decoder.generate(prompt, go);
+      generation_ms = ms_since(t_gen);
+      generation_forwards = g.forwards;
+      const double prefill_passes = std::ceil(static_cast<double>(P) / 256.0);
+      generation_bound_ms = g.forwards * bound_ms + prefill_passes * commit_bound_ms;
+    }
     cudaDeviceProp prop{};
     DG_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     char buf[2048];
@@ -251,10 +231,13 @@ int main(int argc, char** argv) {
                   "\"vocab\": %lld, \"canvas\": %d, \"prompt\": %d, \"parameter_bytes\": %.0f, \"load_ms\": %.1f, "
                   "\"encode_ms\": %.3f, \"steps\": %d, \"step_ms_median\": %.3f, \"step_ms_min\": %.3f, "
                   "\"denoise_pass_ms\": %.3f, \"vocab_pass_ms\": %.3f, \"all_parameters_once_ms\": %.3f, "
+                  "\"commit_ms\": %.3f, \"commit_bound_ms\": %.3f, \"generation_steps\": %d, "
+                  "\"generation_forwards\": %d, \"generation_ms\": %.1f, \"generation_bound_ms\": %.1f, "
                   "\"assumed_hbm_gbps\": %.0f}",
                   name.c_str(), prop.name, dtype_name(o.dtype), cfg.hidden_size, cfg.num_layers(),
                   static_cast<long long>(cfg.vocab_size), C, P, bytes, load_ms, encode_ms, o.steps, median(step_ms),
-                  *std::min_element(step_ms.begin(), step_ms.end()), denoise_ms, vocab_ms, bound_ms,
+                  *std::min_element(step_ms.begin(), step_ms.end()), denoise_ms, vocab_ms, bound_ms, commit_ms,
+                  commit_bound_ms, o.generate_steps, generation_forwards, generation_ms, generation_bound_ms,
                   o.hbm_bytes_per_s / 1e9);
     std::printf("%s\n", buf);
     if (!o.json.empty()) {

@@ -221,3 +221,38 @@ TEST_CASE("bad inputs to the backbone name the id or position", "[model][cpu]") 
   cpu::KvCache foreign(other->config(), 16);
   CHECK_THROWS_WITH(h.engine.encode(bad.data(), 2, foreign), Catch::Matchers::Contains("different model"));
 }
+
+TEST_CASE("cpu::Model::create from weights in memory equals the loaded checkpoint, and names bad tensors",
+          "[cpu][model]") {
+  auto loaded = cpu::Model::load(dg_test::fixture("dg_small"));
+  const ModelConfig& cfg = loaded->config();
+  // Own copies of every tensor, so nothing points into the loaded model's map.
+  auto keep = std::make_shared<std::vector<std::vector<std::byte>>>();
+  ModelWeights w = loaded->weights();
+  for_each_parameter(cfg, w, [&](const ParamSpec&, Weight& t) {
+    keep->emplace_back(t.data, t.data + t.nbytes());
+    t.data = keep->back().data();
+    t.owner = keep;
+  });
+  auto made = cpu::Model::create(cfg, w, loaded->generation_config());
+  CHECK(made->embed_scale() == loaded->embed_scale());
+  cpu::Engine<DiffusionGemmaBackbone> a(loaded), b(made);
+  const std::vector<std::int32_t> ids = {2, 7, 11, 3, 5};
+  auto ca = a.make_cache(8), cb = b.make_cache(8);
+  std::vector<float> ha(ids.size() * static_cast<std::size_t>(cfg.hidden_size)), hb(ha.size());
+  a.encode(ids.data(), static_cast<std::int64_t>(ids.size()), ca, ha.data());
+  b.encode(ids.data(), static_cast<std::int64_t>(ids.size()), cb, hb.data());
+  CHECK(ha == hb);
+
+  ModelWeights bad = w;
+  bad.layers[1].o_proj.shape = Shape{bad.layers[1].o_proj.shape.dims[1], bad.layers[1].o_proj.shape.dims[0]};
+  CHECK_THROWS_WITH(cpu::Model::create(cfg, bad), Catch::Matchers::Contains("layers.1.self_attn.o_proj.weight") &&
+                                                      Catch::Matchers::Contains("has shape"));
+  ModelWeights missing = w;
+  missing.layers[0].router_proj = Weight{};
+  CHECK_THROWS_WITH(cpu::Model::create(cfg, missing), Catch::Matchers::Contains("router") &&
+                                                          Catch::Matchers::Contains("missing"));
+  ModelWeights short_layers = w;
+  short_layers.layers.pop_back();
+  CHECK_THROWS_WITH(cpu::Model::create(cfg, short_layers), Catch::Matchers::Contains("layers of weights"));
+}

@@ -8,7 +8,12 @@
 
 namespace dg_test {
 
-inline std::string fixtures_dir() { return DG_TEST_FIXTURES_DIR; }
+// DG_TEST_FIXTURES overrides the source tree's folder: prebuilt test binaries carried to another
+// machine (scripts/gpu-build.sh) read the fixtures carried beside them.
+inline std::string fixtures_dir() {
+  const char* dir = std::getenv("DG_TEST_FIXTURES");
+  return dir != nullptr && *dir != '\0' ? dir : DG_TEST_FIXTURES_DIR;
+}
 inline std::string fixture(const std::string& rel) { return fixtures_dir() + "/" + rel; }
 
 // A fresh directory under the build tree's temp, removed by nobody: tests write small files only.

@@ -38,6 +38,32 @@ class Model {
     return m;
   }
 
+  // A model from weights made in memory (research code, generated checkpoints such as the GPU
+  // check's seeded real-width model): every Weight must own its bytes (`owner`) or outlive the
+  // model. Each tensor the config implies must be present with exactly its shape; the first one
+  // that is not is named.
+  static std::shared_ptr<const Model> create(ModelConfig cfg, ModelWeights weights, GenerationConfig generation = {}) {
+    cfg.validate();
+    if (weights.layers.size() != cfg.layers.size()) {
+      throw_error(StatusCode::kInvalidArgument, "cpu::Model::create: ", weights.layers.size(), " layers of weights for ",
+                  cfg.layers.size(), " layers in the config");
+    }
+    for_each_parameter(cfg, weights, [&](const ParamSpec& p, const Weight& w) {
+      if (w.empty()) throw_error(StatusCode::kInvalidArgument, "cpu::Model::create: ", p.name, " is missing");
+      if (!(w.shape == p.shape)) {
+        throw_error(StatusCode::kInvalidArgument, "cpu::Model::create: ", p.name, " has shape ", w.shape.str(),
+                    ", the config implies ", p.shape.str());
+      }
+    });
+    io::LoadedCheckpoint c;
+    c.dir = cfg.source;
+    c.embed_scale = embedding_scale(cfg.hidden_size, weights.embed_tokens.dtype);
+    c.config = std::move(cfg);
+    c.generation = std::move(generation);
+    c.weights = std::move(weights);
+    return std::shared_ptr<Model>(new Model(std::move(c)));
+  }
+
   const ModelConfig& config() const { return ckpt_.config; }
   const GenerationConfig& generation_config() const { return ckpt_.generation; }
   const std::string& dir() const { return ckpt_.dir; }
