@@ -21,6 +21,7 @@
 
 #include <diffusion_gemma/cuda/kernel/attention.cuh>
 #include <diffusion_gemma/cuda/kernel/canvas_step.cuh>
+#include <diffusion_gemma/cuda/kernel/grouped_gemm.cuh>
 #include <diffusion_gemma/cuda/kernel/moe.cuh>
 #include <diffusion_gemma/cuda/kernel/norm.cuh>
 #include <diffusion_gemma/cuda/kernel/rope.cuh>
@@ -29,6 +30,7 @@
 #include <diffusion_gemma/cuda/launch/attention.cuh>
 #include <diffusion_gemma/cuda/launch/canvas_step.cuh>
 #include <diffusion_gemma/cuda/launch/gemm.hpp>
+#include <diffusion_gemma/cuda/launch/grouped_gemm.cuh>
 #include <diffusion_gemma/cuda/launch/moe.cuh>
 #include <diffusion_gemma/cuda/launch/norm.cuh>
 #include <diffusion_gemma/cuda/launch/rope.cuh>

@@ -33,6 +33,7 @@
 #include <diffusion_gemma/cuda/kv_cache.hpp>
 #include <diffusion_gemma/cuda/launch/attention.cuh>
 #include <diffusion_gemma/cuda/launch/gemm.hpp>
+#include <diffusion_gemma/cuda/launch/grouped_gemm.cuh>
 #include <diffusion_gemma/cuda/launch/moe.cuh>
 #include <diffusion_gemma/cuda/launch/norm.cuh>
 #include <diffusion_gemma/cuda/launch/rope.cuh>
@@ -223,7 +224,7 @@ class Engine {
   }
 
   // ---- device-level entry points: device pointers, enqueued on stream() --------------------------
-  // (The MoE grouping still waits for its per-expert row counts: cuBLAS takes sizes from the host.)
+  // (Nothing in a pass waits for the host: the expert GEMMs read their row groups on the device.)
 
   void encode_device(const std::int32_t* ids, std::int64_t n, KvCache& cache, float* hidden_out = nullptr) {
     if (n > pass_tokens_) {
@@ -269,7 +270,6 @@ class Engine {
     Carver real(workspace_.data());
     buf_ = carve_engine_buffers(real, *model_, T, opts_.vocab_tile);
     stats_host_ = PinnedBuffer<std::int32_t>(static_cast<std::size_t>(3 * T));
-    if (cfg_.enable_moe_block) expert_begin_host_ = PinnedBuffer<int>(static_cast<std::size_t>(cfg_.num_experts) + 1);
     const std::size_t soft = static_cast<std::size_t>(T) * cfg_.hidden_size;
     if (soft_.size() < soft) {
       soft_ = DeviceBuffer<float>(soft, "self-conditioning state");
@@ -354,11 +354,8 @@ class Engine {
   }
 
   // y = x W^T for a weight of the model: in [m, k] (storage dtype), W [n, k], out [m, n] fp32.
-  void linear(const void* in, const TensorRef& w, std::int64_t m, std::int64_t n, std::int64_t k, float* out,
-              std::int64_t w_offset = 0) {
-    const std::byte* base = static_cast<const std::byte*>(model_->ptr(w)) +
-                            static_cast<std::size_t>(w_offset) * dtype_size(model_->dtype());
-    check(gemm_nt(cublas_.get(), stream(), model_->dtype(), in, k, base, k, out, n, m, n, k));
+  void linear(const void* in, const TensorRef& w, std::int64_t m, std::int64_t n, std::int64_t k, float* out) {
+    check(gemm_nt(cublas_.get(), stream(), model_->dtype(), in, k, model_->ptr(w), k, out, n, m, n, k));
   }
 
   template <class Act>
@@ -533,25 +530,29 @@ class Engine {
     Act* in = static_cast<Act*>(buf_.expert_in);
     check(launch_rms_norm(norm(buf_.x, M.ptr<float>(L.pre_feedforward_layernorm_2), T, H, eps), x2, stream()));
     check(launch_gather_rows(x2, buf_.sorted_slot, TK, K, H, in, buf_.row_of_slot, stream()));
-    // cuBLAS takes row counts from the host: read the groups back (the one wait inside a pass).
-    DG_CUDA_CHECK(cudaMemcpyAsync(expert_begin_host_.data(), buf_.expert_begin, sizeof(int) * (E + 1),
-                                  cudaMemcpyDeviceToHost, stream()));
-    stream_.synchronize();
-    const int* begin = expert_begin_host_.data();
+    // Two grouped GEMMs over all experts; the group offsets stay on the device (no host wait).
+    GroupedGemmParams<Act> gu;
+    gu.in = in;
+    gu.weights = M.ptr<Act>(L.experts_gate_up);  // [E, 2 Im, H]
+    gu.group_begin = buf_.expert_begin;
+    gu.out = buf_.expert_mid;
+    gu.rows = TK;
+    gu.num_groups = E;
+    gu.n = 2 * Im;
+    gu.k = H;
+    check(launch_grouped_gemm_nt(gu, stream()));
     Act* act = static_cast<Act*>(buf_.expert_act);
-    for (int e = 0; e < E; ++e) {
-      const std::int64_t b = begin[e], n = begin[e + 1] - begin[e];
-      if (n > 0) {
-        linear(in + b * H, L.experts_gate_up, n, 2 * Im, H, buf_.expert_mid + b * 2 * Im, std::int64_t{e} * 2 * Im * H);
-      }
-    }
     check(launch_gelu_gate(buf_.expert_mid, TK, Im, act, stream()));
-    for (int e = 0; e < E; ++e) {
-      const std::int64_t b = begin[e], n = begin[e + 1] - begin[e];
-      if (n > 0) {
-        linear(act + b * Im, L.experts_down, n, H, Im, buf_.expert_out + b * H, std::int64_t{e} * H * Im);
-      }
-    }
+    GroupedGemmParams<Act> down;
+    down.in = act;
+    down.weights = M.ptr<Act>(L.experts_down);  // [E, H, Im]
+    down.group_begin = buf_.expert_begin;
+    down.out = buf_.expert_out;
+    down.rows = TK;
+    down.num_groups = E;
+    down.n = H;
+    down.k = Im;
+    check(launch_grouped_gemm_nt(down, stream()));
     check(launch_moe_combine(buf_.expert_out, buf_.slot_weight, buf_.slot_expert, buf_.row_of_slot, static_cast<int>(T),
                              K, H, buf_.s, stream()));
   }
@@ -568,7 +569,6 @@ class Engine {
   DeviceBuffer<float> soft_;          // denoise_step's self-conditioning state [n, H]
   DeviceBuffer<float> scratch_soft_;  // host-facing denoise / vocab_pass soft embeddings
   PinnedBuffer<std::int32_t> stats_host_;
-  PinnedBuffer<int> expert_begin_host_;
   bool soft_valid_ = false;
   std::int64_t soft_rows_ = 0;
 };

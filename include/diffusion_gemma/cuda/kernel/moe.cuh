@@ -5,7 +5,7 @@
 //   (CUB radix sort)      slots grouped by expert, stable: ascending slot order inside a group
 //   expert_offsets_kernel first grouped row of each expert
 //   gather_rows_kernel    the expert inputs of the grouped rows, and each slot's grouped row
-//   (per-expert GEMMs and gelu_gate_kernel over the grouped rows)
+//   (grouped GEMMs, kernel/grouped_gemm.cuh, and gelu_gate_kernel over the grouped rows)
 //   moe_combine_kernel    out[t] = sum over the token's slots in ascending expert order of y * w,
 //                         the order transformers' index_add and the CPU back-end use
 #pragma once

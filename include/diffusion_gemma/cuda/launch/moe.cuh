@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Host launchers of the mixture-of-experts kernels (kernel/moe.cuh) and the CUB grouping of the
-// routed slots by expert. The per-expert GEMMs between gather and combine are the engine's: their
-// row counts are host data (cuBLAS takes sizes from the host), read back after the grouping.
+// routed slots by expert. The expert GEMMs between gather and combine (launch/grouped_gemm.cuh)
+// read the groups' offsets, expert_begin, on the device: nothing here goes back to the host.
 #pragma once
 
 #include <cstdint>
