@@ -100,6 +100,13 @@ step() {
     124|137) status=timeout; note="stopped at ${limit}s" ;;
     *) status=fail; note="$(grep -E -m3 'FAILED|failed|error|Error|ERROR' "$results/$name.log" | head -c 300)" ;;
   esac
+  # Some machines (gVisor sandboxes) run CUDA but refuse the sanitizer's instrumentation: that is
+  # the machine's limit, not a finding, and is reported as such.
+  case "$name" in memcheck*|racecheck*)
+    if [ "$status" = fail ] && grep -q -E 'Device not supported|not supported on this (device|platform)' "$results/$name.log"; then
+      status=unsupported; note="compute-sanitizer cannot instrument this machine's device"
+    fi ;;
+  esac
   if [ -n "$json" ] && [ -s "$json" ]; then
     results_json="${results_json}${results_json:+, }\"$name\": $(paste -sd, "$json")"
   fi
