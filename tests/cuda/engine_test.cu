@@ -20,7 +20,10 @@
 #include <string>
 #include <vector>
 
+#include <cstring>
+
 #include <diffusion_gemma/cuda/cuda.cuh>
+#include <diffusion_gemma/model/rope_table.hpp>
 #include <diffusion_gemma/runtime/decoder.hpp>
 
 #include "fixtures.hpp"
@@ -136,8 +139,77 @@ TEST_CASE("cuda::Engine FP32 matches transformers: encoder, denoiser, SC, commit
 TEST_CASE("cuda::Engine encoder chunking is exact: 3-token passes", "[cuda][engine][golden]") {
   dc::EngineOptions opts;
   opts.max_pass_tokens = 3;
-  check_dg_fixture("dg_small", dg_cuda_test::load_checkpoint(dg_test::fixture("dg_small")), DType::kF32, kFp32Logits,
-                   opts);
+  const HostCheckpoint ckpt = dg_cuda_test::load_checkpoint(dg_test::fixture("dg_small"));
+  check_dg_fixture("dg_small", ckpt, DType::kF32, kFp32Logits, opts);
+  // The passes really are 3 tokens long (the workspace still holds a whole canvas for the denoiser).
+  Harness<DiffusionGemmaBackbone> h(device_model(ckpt, DType::kF32), opts);
+  CHECK(h.engine.encode_pass_tokens() == 3);
+  dc::KvCache cache = h.engine.make_cache(16);
+  const std::vector<std::int32_t> prompt{2, 5, 9, 11, 4, 8, 1};
+  h.engine.encode(prompt.data(), 7, cache);
+  CHECK(h.engine.encoder_passes() == 3);  // 3 + 3 + 1
+  CHECK(cache.length() == 7);
+}
+
+TEST_CASE("cuda::Engine reads the host-built RoPE tables, bit for bit", "[cuda][engine]") {
+  const HostCheckpoint ckpt = dg_cuda_test::load_checkpoint(dg_test::fixture("dg_wide"));
+  Harness<DiffusionGemmaBackbone> h(device_model(ckpt, DType::kF32));
+  const RopeTables expected = RopeTables::build(ckpt.config);
+  std::vector<float> got(expected.inv_freq.size());
+  DG_CUDA_CHECK(cudaMemcpy(got.data(), h.engine.rope_inv_freq_device(), got.size() * sizeof(float),
+                           cudaMemcpyDeviceToHost));
+  REQUIRE(got.size() == expected.inv_freq.size());
+  CHECK(std::memcmp(got.data(), expected.inv_freq.data(), got.size() * sizeof(float)) == 0);
+  CHECK(h.engine.rope_tables().layer_offset == expected.layer_offset);
+}
+
+TEST_CASE("cuda::Engine device passes check their ids on the device", "[cuda][engine]") {
+  const HostCheckpoint ckpt = dg_cuda_test::load_checkpoint(dg_test::fixture("dg_small"));
+  Harness<DiffusionGemmaBackbone> h(device_model(ckpt, DType::kF32));
+  const std::int32_t V = static_cast<std::int32_t>(ckpt.config.vocab_size);
+  const std::int64_t C = ckpt.config.canvas_length;
+  dc::KvCache cache = h.engine.make_cache(64);
+  const std::vector<std::int32_t> ids{2, V, 9, -3};
+  dc::DeviceBuffer<std::int32_t> d_ids(ids.size(), "ids");
+  d_ids.upload(ids.data(), ids.size());
+  h.engine.encode_device(d_ids.data(), 4, cache);
+  try {
+    h.engine.synchronize();
+    FAIL("an out-of-vocabulary id on the device went unreported");
+  } catch (const Error& e) {
+    CHECK(e.code() == StatusCode::kOutOfRange);
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("token id " + std::to_string(V) + " at position 1") &&
+                             Catch::Matchers::Contains("[0, " + std::to_string(V) + ")"));
+  }
+  h.engine.synchronize();  // reported once, then cleared
+  std::vector<std::int32_t> canvas(static_cast<std::size_t>(C), 3);
+  canvas[static_cast<std::size_t>(C - 1)] = V + 7;
+  dc::DeviceBuffer<std::int32_t> d_canvas(canvas.size(), "canvas");
+  d_canvas.upload(canvas.data(), canvas.size());
+  dc::DeviceBuffer<float> hidden(static_cast<std::size_t>(C * h.H), "hidden");
+  h.engine.denoise_device(d_canvas.data(), C, nullptr, cache, hidden.data());
+  // Any host-facing call synchronises and reports it too.
+  std::vector<float> logits(static_cast<std::size_t>(h.V));
+  std::vector<float> one(static_cast<std::size_t>(h.H), 0.0f);
+  CHECK_THROWS_WITH(h.engine.lm_head(one.data(), 1, logits.data()),
+                    Catch::Matchers::Contains("token id " + std::to_string(V + 7) + " at position " +
+                                              std::to_string(C - 1)));
+}
+
+TEST_CASE("cuda::Engine refuses a KV cache made for another model or dtype", "[cuda][engine]") {
+  const HostCheckpoint small = dg_cuda_test::load_checkpoint(dg_test::fixture("dg_small"));
+  const HostCheckpoint wide = dg_cuda_test::load_checkpoint(dg_test::fixture("dg_wide"));
+  Harness<DiffusionGemmaBackbone> h(device_model(small, DType::kBF16));
+  Harness<DiffusionGemmaBackbone> other(device_model(wide, DType::kBF16));
+  const std::vector<std::int32_t> ids{2, 5, 9};
+  dc::KvCache foreign = other.engine.make_cache(16);
+  CHECK_THROWS_WITH(h.engine.encode(ids.data(), 3, foreign), Catch::Matchers::Contains("KV cache has 3 layers"));
+  dc::KvCache f32(small.config, 16, DType::kF32);
+  CHECK_THROWS_WITH(h.engine.encode(ids.data(), 3, f32), Catch::Matchers::Contains("KV cache stores F32"));
+  dc::DeviceBuffer<std::int32_t> d_ids(ids.size(), "ids");
+  d_ids.upload(ids.data(), ids.size());
+  CHECK_THROWS_WITH(h.engine.encode_device(d_ids.data(), 3, f32), Catch::Matchers::Contains("KV cache stores F32"));
+  CHECK(f32.length() == 0);
 }
 
 TEST_CASE("cuda::Engine BF16 storage stays close to transformers' fp32 logits", "[cuda][engine][golden][bf16]") {
@@ -318,7 +390,10 @@ TEST_CASE("bad inputs and impossible requests name what is wrong", "[cuda][engin
     CHECK_THAT(e.what(), Catch::Matchers::Contains("a petabyte") && Catch::Matchers::Contains("free"));
   }
   // The Decoder's memory budget sees the device engine's KV cache + workspace needs.
-  CHECK(h.engine.request_bytes(1000, 8) > h.engine.request_bytes(10, 8));
+  const std::int64_t C = ckpt.config.canvas_length;
+  CHECK(h.engine.request_bytes(1000, 8, C) > h.engine.request_bytes(10, 8, C));
+  // A prompt runs in encoder chunks: its length grows the KV cache, not the workspace.
+  CHECK(h.engine.request_bytes(6000, 5000, C) == h.engine.request_bytes(6000, 8, C));
   Decoder<dc::Engine<DiffusionGemmaBackbone>> decoder(h.model);
   auto o = decltype(decoder)::default_options(ckpt.generation);
   o.memory_budget_bytes = 1024;

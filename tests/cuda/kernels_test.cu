@@ -30,6 +30,8 @@
 #include <vector>
 
 #include <diffusion_gemma/cuda/cuda.cuh>
+#include <diffusion_gemma/model/rope_table.hpp>
+#include <diffusion_gemma/model/token_id_check.hpp>
 #include <diffusion_gemma/sampler/acceptance.hpp>
 #include <diffusion_gemma/sampler/rng.hpp>
 #include <diffusion_gemma/sampler/stopping.hpp>
@@ -193,16 +195,38 @@ TEST_CASE("embed_kernel gathers rows times the embedding scale", "[cuda][kernel]
   auto d_ids = to_device(ids);
   dc::DeviceBuffer<float> out(ids.size() * H, "embed out");
   auto t32 = to_device(table);
-  REQUIRE(dc::launch_embed(d_ids.data(), 5, t32.data(), H, 53.0f, out.data(), nullptr).ok());
+  REQUIRE(dc::launch_embed(d_ids.data(), 5, t32.data(), H, 53.0f, V, nullptr, out.data(), nullptr).ok());
   const auto got = to_host(out);
   const auto tb = to_bf16(table);
   auto t16 = to_device(tb);
-  REQUIRE(dc::launch_embed(d_ids.data(), 5, t16.data(), H, 53.0f, out.data(), nullptr).ok());
+  REQUIRE(dc::launch_embed(d_ids.data(), 5, t16.data(), H, 53.0f, V, nullptr, out.data(), nullptr).ok());
   const auto got16 = to_host(out);
   for (std::size_t t = 0; t < ids.size(); ++t) {
     for (int i = 0; i < H; ++i) {
       CHECK(got[t * H + i] == table[ids[t] * H + i] * 53.0f);
       CHECK(got16[t * H + i] == tb[ids[t] * H + i].to_float() * 53.0f);
+    }
+  }
+}
+
+TEST_CASE("embed_kernel zeroes out-of-vocabulary ids and records the first one", "[cuda][kernel]") {
+  const int V = 50, H = 40;
+  const auto table = random_floats(static_cast<std::size_t>(V * H), 2u);
+  const std::vector<std::int32_t> ids{3, 50, 7, -1, 51};  // bad at positions 1, 3 and 4
+  auto d_ids = to_device(ids);
+  auto t32 = to_device(table);
+  dc::DeviceBuffer<float> out(ids.size() * H, "embed out");
+  const std::vector<BadTokenWord> none{kNoBadToken};
+  auto word = to_device(none);
+  REQUIRE(dc::launch_embed(d_ids.data(), 5, t32.data(), H, 1.0f, V, word.data(), out.data(), nullptr).ok());
+  const auto got = to_host(out);
+  const BadTokenWord w = to_host(word)[0];
+  CHECK(bad_token_position(w) == 1);
+  CHECK(bad_token_id(w) == 50);
+  for (std::size_t t = 0; t < ids.size(); ++t) {
+    for (int i = 0; i < H; ++i) {
+      const bool ok = token_id_in_vocabulary(ids[t], V);
+      CHECK(got[t * H + i] == (ok ? table[ids[t] * H + i] : 0.0f));
     }
   }
 }
@@ -317,17 +341,16 @@ struct QkvCase {
 void host_qkv(const QkvCase& c, const std::vector<float>& qkv, std::int64_t ld, const std::vector<float>& qn,
               const std::vector<float>& kn, std::int64_t p0, std::vector<float>& q, std::vector<float>& k,
               std::vector<float>& v) {
-  const int D = c.head_dim, pairs = c.rope.rotated_pairs(D), denom = c.rope.denominator(D);
+  const int D = c.head_dim;
+  const std::vector<float> inv = rope_inv_freq_table(c.rope, D);
   const float eps = 1e-6f;
   q.assign(static_cast<std::size_t>(c.tokens * c.heads * D), 0.0f);
   k.assign(static_cast<std::size_t>(c.tokens * c.kv_heads * D), 0.0f);
   v = k;
   for (int t = 0; t < c.tokens; ++t) {
-    const float pos = static_cast<float>(p0 + t);
     const auto rotate = [&](float* vec) {
       for (int i = 0; i < D / 2; ++i) {
-        const float angle = pos * math::rope_inv_freq(i, pairs, denom, static_cast<float>(c.rope.theta),
-                                                      static_cast<float>(c.rope.factor));
+        const float angle = math::rope_angle(p0 + t, inv[static_cast<std::size_t>(i)]);
         math::rope_rotate_pair(vec[i], vec[i + D / 2], std::cos(angle), std::sin(angle));
       }
     };
@@ -358,52 +381,56 @@ TEST_CASE("qkv_norm_rope_kernel: per-head norms, rotate-half RoPE, k_eq_v, cache
   for (const QkvCase& c : {QkvCase{5, 4, 2, 12, true, def}, QkvCase{5, 4, 1, 24, false, prop},
                            QkvCase{3, 16, 8, 256, true, def}, QkvCase{4, 16, 2, 512, false, prop},
                            QkvCase{2, 8, 4, 10, true, def}}) {
-    const int D = c.head_dim;
-    const std::int64_t ld = static_cast<std::int64_t>(c.heads + c.kv_heads * (c.has_v ? 2 : 1)) * D;
-    const std::int64_t p0 = 97, capacity = 120;
-    const auto qkv = random_floats(static_cast<std::size_t>(c.tokens * ld), 8u + D, -2.0f, 2.0f);
-    const auto qn = random_floats(static_cast<std::size_t>(D), 9u, 0.5f, 1.5f);
-    const auto kn = random_floats(static_cast<std::size_t>(D), 10u, 0.5f, 1.5f);
-    std::vector<float> q, k, v;
-    host_qkv(c, qkv, ld, qn, kn, p0, q, k, v);
-    auto d_qkv = to_device(qkv);
-    auto d_qn = to_device(qn);
-    auto d_kn = to_device(kn);
-    dc::DeviceBuffer<float> dq(q.size(), "q"), dk(k.size(), "k"), dv(v.size(), "v");
-    dc::DeviceBuffer<float> ck(static_cast<std::size_t>(c.kv_heads * capacity * D), "cache k");
-    dc::DeviceBuffer<float> cv(ck.size(), "cache v");
-    dc::QkvNormRopeParams<float> p;
-    p.qkv = d_qkv.data();
-    p.ld = ld;
-    p.tokens = c.tokens;
-    p.num_heads = c.heads;
-    p.num_kv_heads = c.kv_heads;
-    p.head_dim = D;
-    p.has_v = c.has_v;
-    p.q_norm = d_qn.data();
-    p.k_norm = d_kn.data();
-    p.first_position = p0;
-    p.rotated_pairs = c.rope.rotated_pairs(D);
-    p.denominator = c.rope.denominator(D);
-    p.theta = static_cast<float>(c.rope.theta);
-    p.factor = static_cast<float>(c.rope.factor);
-    p.q = dq.data();
-    p.k = dk.data();
-    p.v = dv.data();
-    p.cache_k = ck.data();
-    p.cache_v = cv.data();
-    p.cache_capacity = capacity;
-    REQUIRE(dc::launch_qkv_norm_rope(p, nullptr).ok());
-    INFO("head_dim " << D << " has_v " << c.has_v);
-    CHECK(max_abs_diff(to_host(dq), q) < 2e-5);
-    CHECK(max_abs_diff(to_host(dk), k) < 2e-5);
-    CHECK(max_abs_diff(to_host(dv), v) < 2e-6);
-    const auto hk = to_host(ck), hv = to_host(cv), gk = to_host(dk), gv = to_host(dv);
-    for (int t = 0; t < c.tokens; ++t) {
-      for (int g = 0; g < c.kv_heads; ++g) {
-        for (int d = 0; d < D; ++d) {
-          CHECK(hk[(g * capacity + p0 + t) * D + d] == gk[(t * c.kv_heads + g) * D + d]);
-          CHECK(hv[(g * capacity + p0 + t) * D + d] == gv[(t * c.kv_heads + g) * D + d]);
+    // Position 60000 too: with the host-built inv_freq table the angle is the CPU's fp32 product, so
+    // only cos/sin rounding differs even where an ulp of inv_freq would be 1e-2 rad (no cache there).
+    for (const std::int64_t p0 : {std::int64_t{97}, std::int64_t{60000}}) {
+      const bool with_cache = p0 < 1000;
+      const int D = c.head_dim;
+      const std::int64_t ld = static_cast<std::int64_t>(c.heads + c.kv_heads * (c.has_v ? 2 : 1)) * D;
+      const std::int64_t capacity = with_cache ? 120 : 0;
+      const auto qkv = random_floats(static_cast<std::size_t>(c.tokens * ld), 8u + D, -2.0f, 2.0f);
+      const auto qn = random_floats(static_cast<std::size_t>(D), 9u, 0.5f, 1.5f);
+      const auto kn = random_floats(static_cast<std::size_t>(D), 10u, 0.5f, 1.5f);
+      std::vector<float> q, k, v;
+      host_qkv(c, qkv, ld, qn, kn, p0, q, k, v);
+      auto d_qkv = to_device(qkv);
+      auto d_qn = to_device(qn);
+      auto d_kn = to_device(kn);
+      auto d_inv = to_device(rope_inv_freq_table(c.rope, D));
+      dc::DeviceBuffer<float> dq(q.size(), "q"), dk(k.size(), "k"), dv(v.size(), "v");
+      dc::DeviceBuffer<float> ck(static_cast<std::size_t>(c.kv_heads * capacity * D), "cache k");  // empty: none
+      dc::DeviceBuffer<float> cv(ck.size(), "cache v");
+      dc::QkvNormRopeParams<float> p;
+      p.qkv = d_qkv.data();
+      p.ld = ld;
+      p.tokens = c.tokens;
+      p.num_heads = c.heads;
+      p.num_kv_heads = c.kv_heads;
+      p.head_dim = D;
+      p.has_v = c.has_v;
+      p.q_norm = d_qn.data();
+      p.k_norm = d_kn.data();
+      p.first_position = p0;
+      p.inv_freq = d_inv.data();
+      p.q = dq.data();
+      p.k = dk.data();
+      p.v = dv.data();
+      p.cache_k = ck.data();
+      p.cache_v = cv.data();
+      p.cache_capacity = capacity;
+      REQUIRE(dc::launch_qkv_norm_rope(p, nullptr).ok());
+      INFO("head_dim " << D << " has_v " << c.has_v << " first position " << p0);
+      CHECK(max_abs_diff(to_host(dq), q) < 2e-5);
+      CHECK(max_abs_diff(to_host(dk), k) < 2e-5);
+      CHECK(max_abs_diff(to_host(dv), v) < 2e-6);
+      if (!with_cache) continue;
+      const auto hk = to_host(ck), hv = to_host(cv), gk = to_host(dk), gv = to_host(dv);
+      for (int t = 0; t < c.tokens; ++t) {
+        for (int g = 0; g < c.kv_heads; ++g) {
+          for (int d = 0; d < D; ++d) {
+            CHECK(hk[(g * capacity + p0 + t) * D + d] == gk[(t * c.kv_heads + g) * D + d]);
+            CHECK(hv[(g * capacity + p0 + t) * D + d] == gv[(t * c.kv_heads + g) * D + d]);
+          }
         }
       }
     }

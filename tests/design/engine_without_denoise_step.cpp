@@ -11,7 +11,7 @@ struct IncompleteEngine {
   struct Cache {};
   const dg::ModelConfig& config() const { return cfg; }
   Cache make_cache(std::int64_t) const { return {}; }
-  std::size_t request_bytes(std::int64_t, std::int64_t) const { return 0; }
+  std::size_t request_bytes(std::int64_t, std::int64_t, std::int64_t) const { return 0; }
   void encode(const std::int32_t*, std::int64_t, Cache&) {}
   dg::ModelConfig cfg;
 };

@@ -9,11 +9,13 @@
 // RoPE pair moves logits by 1e-1 or more).
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include <diffusion_gemma/cpu/engine.hpp>
 #include <diffusion_gemma/io/safetensors.hpp>
+#include <diffusion_gemma/model/rope_table.hpp>
 
 #include "support/catch.hpp"
 #include "support/golden.hpp"
@@ -177,6 +179,39 @@ TEST_CASE("encoder chunking is exact: the same logits with 3-token passes", "[mo
   cpu::EngineOptions opts = exact();
   opts.max_pass_tokens = 3;
   check_dg_fixture("dg_small", opts);
+  // The passes really are 3 tokens long (the workspace still holds a whole canvas for the denoiser).
+  Harness<DiffusionGemmaBackbone> h(dg_test::fixture("dg_small"), opts);
+  CHECK(h.engine.encode_pass_tokens() == 3);
+  cpu::KvCache cache = h.engine.make_cache(16);
+  const std::vector<std::int32_t> prompt{2, 5, 9, 11, 4, 8, 1};
+  h.engine.encode(prompt.data(), 7, cache);
+  CHECK(h.engine.encoder_passes() == 3);  // 3 + 3 + 1
+  CHECK(cache.length() == 7);
+  opts.max_pass_tokens = 0;
+  CHECK_THROWS_WITH(cpu::Engine<DiffusionGemmaBackbone>(h.model, opts),
+                    Catch::Matchers::Contains("cpu::EngineOptions::max_pass_tokens 0 must be positive"));
+}
+
+TEST_CASE("request_bytes sizes the workspace by the largest pass, not by the prompt", "[model][cpu]") {
+  Harness<DiffusionGemmaBackbone> h(dg_test::fixture("dg_small"));
+  const std::int64_t C = h.model->config().canvas_length;
+  // With the capacity fixed, a 5000-token prompt (20 encoder chunks of 256) needs no more than 8 tokens.
+  CHECK(h.engine.request_bytes(6000, 5000, C) == h.engine.request_bytes(6000, 8, C));
+  CHECK(h.engine.request_bytes(6000, 5000, C) ==
+        cpu::Engine<DiffusionGemmaBackbone>::request_bytes(h.model->config(), 6000, 256, h.engine.kernels().threads));
+  // Capacity grows the KV cache term (and the attention scratch over it); a longer canvas grows the workspace.
+  CHECK(h.engine.request_bytes(6000, 8, C) - h.engine.request_bytes(1000, 8, C) >=
+        cpu::KvCache::bytes_for(h.model->config(), 6000) - cpu::KvCache::bytes_for(h.model->config(), 1000));
+  CHECK(h.engine.request_bytes(1000, 8, 1024) > h.engine.request_bytes(1000, 8, C));
+}
+
+TEST_CASE("the CPU engine reads the shared host-built RoPE tables", "[model][cpu]") {
+  Harness<DiffusionGemmaBackbone> h(dg_test::fixture("dg_wide"));
+  const RopeTables expected = RopeTables::build(h.model->config());
+  const RopeTables& got = h.engine.rope_tables();
+  REQUIRE(got.inv_freq.size() == expected.inv_freq.size());
+  CHECK(std::memcmp(got.inv_freq.data(), expected.inv_freq.data(), got.inv_freq.size() * sizeof(float)) == 0);
+  CHECK(got.layer_offset == expected.layer_offset);
 }
 
 TEST_CASE("plain Gemma 4 with the MoE block off (dense MLP, v_proj on full layers)", "[model][cpu][golden]") {
@@ -219,7 +254,11 @@ TEST_CASE("bad inputs to the backbone name the id or position", "[model][cpu]") 
   // A cache made for another model (other layer shapes) is refused, not read out of bounds.
   auto other = cpu::Model::load(dg_test::fixture("dg_wide"));
   cpu::KvCache foreign(other->config(), 16);
-  CHECK_THROWS_WITH(h.engine.encode(bad.data(), 2, foreign), Catch::Matchers::Contains("different model"));
+  CHECK_THROWS_WITH(h.engine.encode(bad.data(), 2, foreign), Catch::Matchers::Contains("KV cache has 3 layers"));
+  std::vector<float> hidden(static_cast<std::size_t>(8 * h.H));
+  std::vector<std::int32_t> canvas(8, 5);
+  CHECK_THROWS_WITH(h.engine.denoise(canvas.data(), 8, nullptr, foreign, hidden.data()),
+                    Catch::Matchers::Contains("made for another model"));
 }
 
 TEST_CASE("cpu::Model::create from weights in memory equals the loaded checkpoint, and names bad tensors",

@@ -111,6 +111,12 @@ DG_HOST_DEVICE float rope_inv_freq(int i, int rotated_pairs, int denominator, fl
   return (1.0f / powf(theta, exponent)) / factor;
 }
 
+// The RoPE angle of a position: one fp32 product, computed alike by both back-ends from the same
+// host-built inv_freq bits (model/rope_table.hpp); only cos/sin of it differ by device.
+DG_HOST_DEVICE float rope_angle(std::int64_t position, float inv_freq) {
+  return static_cast<float>(position) * inv_freq;
+}
+
 // Rotate-half RoPE on one head vector in place: element i pairs with i + half (not interleaved).
 // cos/sin come from the fp32 angle pos * inv_freq.
 DG_HOST_DEVICE void rope_rotate_pair(float& lo, float& hi, float cos_a, float sin_a) {

@@ -30,6 +30,9 @@
 #include <diffusion_gemma/cpu/vocab_pass.hpp>
 #include <diffusion_gemma/model/backbone.hpp>
 #include <diffusion_gemma/model/input_checks.hpp>
+#include <diffusion_gemma/model/kv_layout.hpp>
+#include <diffusion_gemma/model/pass_plan.hpp>
+#include <diffusion_gemma/model/rope_table.hpp>
 
 namespace diffusion_gemma::cpu {
 
@@ -69,25 +72,35 @@ class Engine {
     }
     ctx_.precision = opts_.precision;
     ctx_.threads = resolve_threads(opts_.threads);
-    pass_tokens_ = std::max<std::int64_t>(opts_.max_pass_tokens, cfg_.is_diffusion() ? cfg_.canvas_length : 1);
-    reserve(pass_tokens_);
+    check_max_pass_tokens(opts_.max_pass_tokens, "cpu::EngineOptions::max_pass_tokens");
+    // Encoder passes run max_pass_tokens at a time; the workspace also holds a whole canvas.
+    base_rows_ = std::max<std::int64_t>(opts_.max_pass_tokens, cfg_.is_diffusion() ? cfg_.canvas_length : 1);
+    reserve(base_rows_);
   }
 
   const ModelConfig& config() const { return cfg_; }
   const Model& model() const { return *model_; }
   const KernelContext& kernels() const { return ctx_; }
+  // Tokens per encoder pass (EngineOptions::max_pass_tokens), and the encoder passes run so far.
+  std::int64_t encode_pass_tokens() const { return opts_.max_pass_tokens; }
+  std::int64_t encoder_passes() const { return encoder_passes_; }
+  // The RoPE inverse frequencies every layer reads (the same bits the CUDA engine uploads).
+  const RopeTables& rope_tables() const { return rope_; }
 
   KvCache make_cache(std::int64_t capacity) const { return KvCache(cfg_, capacity); }
 
   // Bytes a request needs beyond the weights: a KV cache of `capacity` positions, plus the
-  // workspace of passes of up to `pass_tokens` tokens (an upper bound, computed before allocating).
-  std::size_t request_bytes(std::int64_t capacity, std::int64_t pass_tokens) const {
-    return request_bytes(cfg_, capacity, std::max(pass_tokens, pass_tokens_), ctx_.threads);
+  // workspace of its largest pass: an encoder chunk of the `prompt_tokens` or a canvas of
+  // `canvas_tokens` (an upper bound, computed before allocating). Longer prompts only grow the cache.
+  std::size_t request_bytes(std::int64_t capacity, std::int64_t prompt_tokens, std::int64_t canvas_tokens) const {
+    const std::int64_t rows = request_pass_rows(prompt_tokens, canvas_tokens, opts_.max_pass_tokens);
+    return request_bytes(cfg_, capacity, std::max(rows, base_rows_), ctx_.threads);
   }
-  // The same from a config alone (no weights needed: `dgemma info`).
-  static std::size_t request_bytes(const ModelConfig& cfg, std::int64_t capacity, std::int64_t pass_tokens,
+  // The same from a config alone for passes of up to `pass_rows` tokens (no weights needed:
+  // `dgemma info`).
+  static std::size_t request_bytes(const ModelConfig& cfg, std::int64_t capacity, std::int64_t pass_rows,
                                    int threads) {
-    const std::size_t T = static_cast<std::size_t>(pass_tokens), H = cfg.hidden_size, I = cfg.intermediate_size;
+    const std::size_t T = static_cast<std::size_t>(pass_rows), H = cfg.hidden_size, I = cfg.intermediate_size;
     const std::size_t th = static_cast<std::size_t>(resolve_threads(threads));
     std::size_t qd = 0, kd = 0, dmax = 0;
     for (const auto& s : cfg.layers) {
@@ -128,10 +141,11 @@ class Engine {
     }
     check_positions(cfg_, cache.length() + n);
     for (std::int64_t done = 0; done < n;) {
-      const std::int64_t chunk = std::min(pass_tokens_, n - done);
+      const std::int64_t chunk = encoder_pass_tokens(n, done, opts_.max_pass_tokens);
       run_pass(AttentionMode::kEncoder, ids + done, chunk, nullptr, cache, &cache, cache.length(),
                hidden_out ? hidden_out + done * cfg_.hidden_size : nullptr);
       cache.advance(chunk);
+      ++encoder_passes_;
       done += chunk;
     }
   }
@@ -146,7 +160,6 @@ class Engine {
     }
     check_token_ids(cfg_, ids, n, "canvas");
     check_cache(cache);
-    if (n > pass_tokens_) reserve(n);
     check_positions(cfg_, cache.length() + n);
     run_pass(AttentionMode::kDenoiser, ids, n, soft_embedding, cache, nullptr, cache.length(), hidden_out);
   }
@@ -241,10 +254,7 @@ class Engine {
   }
 
   void check_cache(const KvCache& cache) const {
-    if (!cache.matches(cfg_)) {
-      throw_error(StatusCode::kInvalidArgument, "KV cache was made for a different model than ", cfg_.source,
-                  " (layers, KV heads or head dims differ)");
-    }
+    throw_if_error(check_kv_cache_layout(cache.layout(), cfg_, DType::kF32));
   }
 
   void reserve(std::int64_t T) {
@@ -393,24 +403,18 @@ class Engine {
     }
   }
 
-  // cos/sin of pos * inv_freq for positions p0..p0+T-1 and the D/2 pairs of a layer type: the
-  // angle is fp32 pos * inv_freq as in transformers, cos/sin of it in fp32.
-  void rope_table(const LayerSpec& spec, std::int64_t T, std::int64_t p0) {
-    const int D = spec.head_dim;
-    const RopeConfig& rope = cfg_.rope(spec.type);
-    const int pairs = rope.rotated_pairs(D), denom = rope.denominator(D);
-    std::vector<float> inv(static_cast<std::size_t>(D / 2));
-    for (int i = 0; i < D / 2; ++i) {
-      inv[i] = math::rope_inv_freq(i, pairs, denom, static_cast<float>(rope.theta), static_cast<float>(rope.factor));
-    }
-    grow(ws_.rope_cos, static_cast<std::size_t>(T * (D / 2)));
-    grow(ws_.rope_sin, static_cast<std::size_t>(T * (D / 2)));
+  // cos/sin of pos * inv_freq for positions p0..p0+T-1 and the D/2 pairs of layer l: the angle is
+  // fp32 pos * inv_freq as in transformers (math::rope_angle, as on the GPU), cos/sin of it in fp32.
+  void rope_table(int l, std::int64_t T, std::int64_t p0) {
+    const int half = cfg_.layers[static_cast<std::size_t>(l)].head_dim / 2;
+    const float* inv = rope_.layer(l);
+    grow(ws_.rope_cos, static_cast<std::size_t>(T * half));
+    grow(ws_.rope_sin, static_cast<std::size_t>(T * half));
     for (std::int64_t t = 0; t < T; ++t) {
-      const float pos = static_cast<float>(p0 + t);
-      for (int i = 0; i < D / 2; ++i) {
-        const float angle = pos * inv[i];
-        ws_.rope_cos[t * (D / 2) + i] = std::cos(angle);
-        ws_.rope_sin[t * (D / 2) + i] = std::sin(angle);
+      for (int i = 0; i < half; ++i) {
+        const float angle = math::rope_angle(p0 + t, inv[i]);
+        ws_.rope_cos[t * half + i] = std::cos(angle);
+        ws_.rope_sin[t * half + i] = std::sin(angle);
       }
     }
   }
@@ -431,7 +435,7 @@ class Engine {
     if (spec.has_v_proj) linear(ctx_, W.v_proj, h, H, T, v, Hkv * D);
     // Per-head norms, then RoPE on q and k (never on v). With k_eq_v, V is v_norm of the raw k
     // projection: normed into v before k is normed in place.
-    rope_table(spec, T, p0);
+    rope_table(l, T, p0);
     const float* qn = model_->vector(l, Param::kQNorm);
     const float* kn = model_->vector(l, Param::kKNorm);
     const Isa isa = ctx_.isa;
@@ -733,8 +737,10 @@ class Engine {
   const ModelConfig& cfg_;
   EngineOptions opts_;
   KernelContext ctx_;
-  std::int64_t pass_tokens_ = 0;
+  RopeTables rope_ = RopeTables::build(cfg_);
+  std::int64_t base_rows_ = 0;  // rows reserved at construction: an encoder chunk or a canvas
   std::int64_t reserved_ = 0;
+  std::int64_t encoder_passes_ = 0;
   Workspace ws_;
   std::vector<std::int64_t> slot_rows_;
   VocabPass vocab_pass_;

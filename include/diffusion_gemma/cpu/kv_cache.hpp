@@ -7,15 +7,18 @@
 #include <cstdint>
 #include <vector>
 
+#include <diffusion_gemma/core/dtype.hpp>
 #include <diffusion_gemma/core/status.hpp>
 #include <diffusion_gemma/model/config.hpp>
+#include <diffusion_gemma/model/kv_layout.hpp>
 
 namespace diffusion_gemma::cpu {
 
 class KvCache {
  public:
   KvCache() = default;
-  KvCache(const ModelConfig& cfg, std::int64_t capacity) : capacity_(capacity) {
+  KvCache(const ModelConfig& cfg, std::int64_t capacity)
+      : layout_(KvCacheLayout::of(cfg, DType::kF32)), capacity_(capacity) {
     if (capacity <= 0) throw_error(StatusCode::kInvalidArgument, "KV cache capacity must be positive (got ", capacity, ")");
     layers_.resize(cfg.layers.size());
     for (std::size_t l = 0; l < cfg.layers.size(); ++l) {
@@ -36,14 +39,8 @@ class KvCache {
     return b;
   }
 
-  // Whether this cache has the layer shapes of `cfg` (an engine refuses a cache made for another model).
-  bool matches(const ModelConfig& cfg) const {
-    if (layers_.size() != cfg.layers.size()) return false;
-    for (std::size_t l = 0; l < layers_.size(); ++l) {
-      if (layers_[l].kv_heads != cfg.layers[l].num_kv_heads || layers_[l].head_dim != cfg.layers[l].head_dim) return false;
-    }
-    return true;
-  }
+  // Layers, KV heads, head dims and element type, for the engine's compatibility check.
+  const KvCacheLayout& layout() const { return layout_; }
 
   std::int64_t length() const { return length_; }
   std::int64_t capacity() const { return capacity_; }
@@ -71,6 +68,7 @@ class KvCache {
     return static_cast<std::size_t>(kv_head) * capacity_ * layers_[layer].head_dim;
   }
   std::vector<Layer> layers_;
+  KvCacheLayout layout_;
   std::int64_t capacity_ = 0;
   std::int64_t length_ = 0;
 };

@@ -43,6 +43,10 @@
 #include <diffusion_gemma/cuda/workspace.hpp>
 #include <diffusion_gemma/model/backbone.hpp>
 #include <diffusion_gemma/model/input_checks.hpp>
+#include <diffusion_gemma/model/kv_layout.hpp>
+#include <diffusion_gemma/model/pass_plan.hpp>
+#include <diffusion_gemma/model/rope_table.hpp>
+#include <diffusion_gemma/model/token_id_check.hpp>
 #include <diffusion_gemma/sampler/vocab_stats.hpp>
 
 namespace diffusion_gemma::cuda {
@@ -75,21 +79,37 @@ class Engine {
       throw_error(StatusCode::kInvalidArgument, "cuda::EngineOptions::vocab_tile ", opts_.vocab_tile,
                   " must be a positive multiple of ", kSampleChunk);
     }
-    pass_tokens_ = std::max<std::int64_t>(opts_.max_pass_tokens, cfg_.is_diffusion() ? cfg_.canvas_length : 1);
-    reserve(pass_tokens_);
+    check_max_pass_tokens(opts_.max_pass_tokens, "cuda::EngineOptions::max_pass_tokens");
+    // Encoder passes run max_pass_tokens at a time; the workspace also holds a whole canvas.
+    base_rows_ = std::max<std::int64_t>(opts_.max_pass_tokens, cfg_.is_diffusion() ? cfg_.canvas_length : 1);
+    reserve(base_rows_);
+    // The RoPE tables come from the host (the CPU back-end's bits), not from powf on the device.
+    rope_inv_freq_ = DeviceBuffer<float>(rope_.inv_freq.size(), "RoPE inverse frequencies");
+    rope_inv_freq_.upload(rope_.inv_freq.data(), rope_.inv_freq.size());
+    bad_token_ = DeviceBuffer<BadTokenWord>(1, "bad-token word");
+    bad_token_host_ = PinnedBuffer<BadTokenWord>(1);
+    DG_CUDA_CHECK(cudaMemsetAsync(bad_token_.data(), 0xff, sizeof(BadTokenWord), stream()));  // kNoBadToken
   }
 
   const ModelConfig& config() const { return cfg_; }
   const Model& model() const { return *model_; }
   cudaStream_t stream() const { return stream_.get(); }
+  // Tokens per encoder pass (EngineOptions::max_pass_tokens), and the encoder passes run so far.
+  std::int64_t encode_pass_tokens() const { return opts_.max_pass_tokens; }
+  std::int64_t encoder_passes() const { return encoder_passes_; }
+  // The RoPE inverse frequencies on the host, and the device copy the passes read (same bits).
+  const RopeTables& rope_tables() const { return rope_; }
+  const float* rope_inv_freq_device() const { return rope_inv_freq_.data(); }
 
   KvCache make_cache(std::int64_t capacity) const { return KvCache(cfg_, capacity, model_->dtype()); }
 
   // Device bytes a request needs beyond the weights: a KV cache of `capacity` positions, the
-  // workspace of passes of up to `pass_tokens` tokens and the self-conditioning state (computed
-  // before allocating; the Decoder checks it against Options::memory_budget_bytes).
-  std::size_t request_bytes(std::int64_t capacity, std::int64_t pass_tokens) const {
-    const std::int64_t T = std::max(pass_tokens, pass_tokens_);
+  // workspace of its largest pass (an encoder chunk of the `prompt_tokens`, or a canvas of
+  // `canvas_tokens`) and the self-conditioning state (computed before allocating; the Decoder
+  // checks it against Options::memory_budget_bytes). Longer prompts only grow the cache.
+  std::size_t request_bytes(std::int64_t capacity, std::int64_t prompt_tokens, std::int64_t canvas_tokens) const {
+    const std::int64_t T =
+        std::max(request_pass_rows(prompt_tokens, canvas_tokens, opts_.max_pass_tokens), base_rows_);
     Carver measure;
     carve_engine_buffers(measure, *model_, T, opts_.vocab_tile);
     const std::size_t soft = static_cast<std::size_t>(T) * cfg_.hidden_size * sizeof(float);
@@ -100,6 +120,7 @@ class Engine {
   // Copies the final-normed hidden states [n, H] to the host when `hidden_out` is given.
   void encode(const std::int32_t* ids, std::int64_t n, KvCache& cache, float* hidden_out = nullptr) {
     check_token_ids(cfg_, ids, n, "encoder input");
+    check_cache(cache);
     if (cache.length() + n > cache.capacity()) {
       throw_error(StatusCode::kOutOfRange, "encoder: ", n, " tokens after ", cache.length(),
                   " cached positions exceed the KV cache capacity of ", cache.capacity());
@@ -107,7 +128,7 @@ class Engine {
     check_positions(cfg_, cache.length() + n);
     const int H = cfg_.hidden_size;
     for (std::int64_t done = 0; done < n;) {
-      const std::int64_t chunk = std::min(pass_tokens_, n - done);
+      const std::int64_t chunk = encoder_pass_tokens(n, done, opts_.max_pass_tokens);
       upload_ids(ids + done, chunk);
       dispatch([&](auto act) {
         run_pass<decltype(act)>(AttentionMode::kEncoder, buf_.ids, chunk, nullptr, cache, &cache, cache.length(),
@@ -115,9 +136,10 @@ class Engine {
       });
       if (hidden_out != nullptr) download(hidden_out + done * H, buf_.hidden, chunk * H);
       cache.advance(chunk);
+      ++encoder_passes_;
       done += chunk;
     }
-    stream_.synchronize();  // report asynchronous failures here, at the call that caused them
+    synchronize();  // report asynchronous failures here, at the call that caused them
   }
 
   // Bidirectional pass over a canvas (host ids) at positions cache.length()..; the cache is read,
@@ -137,7 +159,7 @@ class Engine {
       run_pass<decltype(act)>(AttentionMode::kDenoiser, buf_.ids, n, soft, cache, nullptr, cache.length(), buf_.hidden);
     });
     download(hidden_out, buf_.hidden, n * cfg_.hidden_size);
-    stream_.synchronize();
+    synchronize();
   }
 
   // The model work of one denoising step, as the Decoder drives it: the denoiser pass (fed this
@@ -179,7 +201,7 @@ class Engine {
     });
     check(launch_softcap(out.data(), n * V, cfg_.final_logit_softcapping, stream()));
     download(logits, out.data(), n * V);
-    stream_.synchronize();
+    synchronize();
   }
 
   // The streaming vocabulary pass over final-normed hidden states [n, H] (host in and out; the
@@ -200,7 +222,7 @@ class Engine {
     if (args.soft_embedding) {
       out.soft_embedding.resize(static_cast<std::size_t>(n * cfg_.hidden_size));
       download(out.soft_embedding.data(), soft, n * cfg_.hidden_size);
-      stream_.synchronize();
+      synchronize();
     }
   }
 
@@ -220,15 +242,33 @@ class Engine {
                     H, n, H, V, model_->embed_scale()));
     });
     download(out, o.data(), n * H);
+    synchronize();
+  }
+
+  // Waits for the engine's stream. Reports (kOutOfRange) an out-of-vocabulary id that a device
+  // pass met since the last synchronisation: every host-facing call synchronises this way.
+  void synchronize() {
+    DG_CUDA_CHECK(cudaMemcpyAsync(bad_token_host_.data(), bad_token_.data(), sizeof(BadTokenWord),
+                                  cudaMemcpyDeviceToHost, stream()));
     stream_.synchronize();
+    const BadTokenWord bad = bad_token_host_[0];
+    if (bad != kNoBadToken) {
+      // Cleared in stream order: the next pass starts with no record.
+      DG_CUDA_CHECK(cudaMemsetAsync(bad_token_.data(), 0xff, sizeof(BadTokenWord), stream()));
+      throw_if_error(bad_token_status(bad, cfg_.vocab_size, "a device pass (encode_device or denoise_device)"));
+    }
   }
 
   // ---- device-level entry points: device pointers, enqueued on stream() --------------------------
   // (Nothing in a pass waits for the host: the expert GEMMs read their row groups on the device.)
+  // The ids are checked on the device: an out-of-vocabulary id is reported by the next
+  // synchronize() (or any host-facing call), naming its position in the pass.
 
   void encode_device(const std::int32_t* ids, std::int64_t n, KvCache& cache, float* hidden_out = nullptr) {
-    if (n > pass_tokens_) {
-      throw_error(StatusCode::kOutOfRange, "encode_device: ", n, " tokens exceed one pass of ", pass_tokens_);
+    check_cache(cache);
+    if (n > reserved_) {
+      throw_error(StatusCode::kOutOfRange, "encode_device: ", n, " tokens exceed one pass of ", reserved_,
+                  " (the workspace's rows; encode() runs longer inputs in chunks)");
     }
     if (cache.length() + n > cache.capacity()) {
       throw_error(StatusCode::kOutOfRange, "encode_device: the KV cache capacity of ", cache.capacity(),
@@ -239,9 +279,11 @@ class Engine {
       run_pass<decltype(act)>(AttentionMode::kEncoder, ids, n, nullptr, cache, &cache, cache.length(), hidden_out);
     });
     cache.advance(n);
+    ++encoder_passes_;
   }
   void denoise_device(const std::int32_t* ids, std::int64_t n, const float* soft, const KvCache& cache,
                       float* hidden_out) {
+    check_cache(cache);
     if (n > reserved_) reserve(n);
     check_positions(cfg_, cache.length() + n);
     dispatch([&](auto act) {
@@ -311,7 +353,7 @@ class Engine {
     DG_CUDA_CHECK(cudaMemcpyAsync(host, buf_.argmax, bytes, cudaMemcpyDeviceToHost, stream()));
     DG_CUDA_CHECK(cudaMemcpyAsync(host + n, buf_.sample, bytes, cudaMemcpyDeviceToHost, stream()));
     DG_CUDA_CHECK(cudaMemcpyAsync(host + 2 * n, buf_.entropy, bytes, cudaMemcpyDeviceToHost, stream()));
-    stream_.synchronize();
+    synchronize();
     out.resize(n, cfg_.hidden_size, false);
     std::copy(host, host + n, out.argmax.begin());
     std::copy(host + n, host + 2 * n, out.sample.begin());
@@ -319,11 +361,17 @@ class Engine {
   }
 
 
+  // A cache made for another model (or dtype) would be read and written out of bounds.
+  void check_cache(const KvCache& cache) const {
+    throw_if_error(check_kv_cache_layout(cache.layout(), cfg_, model_->dtype()));
+  }
+
   void check_denoise(const std::int32_t* ids, std::int64_t n, const KvCache& cache) const {
     if (!cfg_.is_diffusion()) {
       throw_error(StatusCode::kUnsupported, cfg_.source, ": denoising needs a DiffusionGemma checkpoint");
     }
     check_token_ids(cfg_, ids, n, "canvas");
+    check_cache(cache);
     check_positions(cfg_, cache.length() + n);
   }
 
@@ -390,7 +438,8 @@ class Engine {
     const int H = cfg_.hidden_size;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
     Act* act_in = static_cast<Act*>(buf_.act_in);
-    check(launch_embed(ids, T, M.ptr<Act>(M.embed_tokens()), H, M.embed_scale(), buf_.x, stream()));
+    check(launch_embed(ids, T, M.ptr<Act>(M.embed_tokens()), H, M.embed_scale(), cfg_.vocab_size, bad_token_.data(),
+                       buf_.x, stream()));
     if (mode == AttentionMode::kDenoiser) {
       if (soft != nullptr) {  // x += down(gelu(gate(n)) * up(n)), n = RMSNorm(soft; pre_norm)
         check(launch_rms_norm(norm(soft, M.ptr<float>(M.sc_pre_norm()), T, H, eps), act_in, stream()));
@@ -454,7 +503,6 @@ class Engine {
     Act* act_in = static_cast<Act*>(buf_.act_in);
     linear(act_in, L.qkv, T, L.qkv_rows, H, buf_.qkv);
 
-    const RopeConfig& rope = cfg_.rope(spec.type);
     QkvNormRopeParams<Act> r;
     r.qkv = buf_.qkv;
     r.ld = L.qkv_rows;
@@ -467,10 +515,7 @@ class Engine {
     r.k_norm = M.ptr<float>(L.k_norm);
     r.eps = static_cast<float>(cfg_.rms_norm_eps);
     r.first_position = p0;
-    r.rotated_pairs = rope.rotated_pairs(D);
-    r.denominator = rope.denominator(D);
-    r.theta = static_cast<float>(rope.theta);
-    r.factor = static_cast<float>(rope.factor);
+    r.inv_freq = rope_inv_freq_.data() + rope_.layer_offset[static_cast<std::size_t>(l)];
     r.q = static_cast<Act*>(buf_.q);
     r.k = static_cast<Act*>(buf_.k);
     r.v = static_cast<Act*>(buf_.v);
@@ -562,8 +607,13 @@ class Engine {
   EngineOptions opts_;
   Stream stream_;
   CublasHandle cublas_;
-  std::int64_t pass_tokens_ = 0;
+  RopeTables rope_ = RopeTables::build(cfg_);
+  DeviceBuffer<float> rope_inv_freq_;        // rope_.inv_freq on the device
+  DeviceBuffer<BadTokenWord> bad_token_;     // first out-of-vocabulary id of a device pass
+  PinnedBuffer<BadTokenWord> bad_token_host_;
+  std::int64_t base_rows_ = 0;  // rows reserved at construction: an encoder chunk or a canvas
   std::int64_t reserved_ = 0;
+  std::int64_t encoder_passes_ = 0;
   EngineBuffers buf_;
   DeviceBuffer<std::byte> workspace_;
   DeviceBuffer<float> soft_;          // denoise_step's self-conditioning state [n, H]

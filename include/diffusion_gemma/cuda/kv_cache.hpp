@@ -14,13 +14,15 @@
 #include <diffusion_gemma/core/status.hpp>
 #include <diffusion_gemma/cuda/runtime.hpp>
 #include <diffusion_gemma/model/config.hpp>
+#include <diffusion_gemma/model/kv_layout.hpp>
 
 namespace diffusion_gemma::cuda {
 
 class KvCache {
  public:
   KvCache() = default;
-  KvCache(const ModelConfig& cfg, std::int64_t capacity, DType dtype) : capacity_(capacity), dtype_(dtype) {
+  KvCache(const ModelConfig& cfg, std::int64_t capacity, DType dtype)
+      : layout_(KvCacheLayout::of(cfg, dtype)), capacity_(capacity), dtype_(dtype) {
     if (capacity <= 0) {
       throw_error(StatusCode::kInvalidArgument, "KV cache capacity must be positive (got ", capacity, ")");
     }
@@ -57,6 +59,9 @@ class KvCache {
   std::int64_t length() const { return length_; }
   std::int64_t capacity() const { return capacity_; }
   DType dtype() const { return dtype_; }
+  // Layers, KV heads, head dims and element type, for the engine's compatibility check
+  // (check_kv_cache_layout, model/kv_layout.hpp).
+  const KvCacheLayout& layout() const { return layout_; }
   // Forgets positions >= n (for example to re-run a commit); never grows.
   void truncate(std::int64_t n) {
     if (n < 0 || n > length_) {
@@ -83,6 +88,7 @@ class KvCache {
   static std::size_t align(std::size_t b) { return (b + 255) / 256 * 256; }
 
   std::vector<Layer> layers_;
+  KvCacheLayout layout_;
   std::int64_t capacity_ = 0;
   std::int64_t length_ = 0;
   DType dtype_ = DType::kBF16;

@@ -303,6 +303,10 @@ class Model {
       const Destination d = destination(p);
       put(p.name, src, *d.ref, d.at, d.count);
     });
+    // cudaMemcpy from pageable memory returns once the data is staged, not landed, and it runs on
+    // the legacy default stream, which does not order the engines' non-blocking streams: without
+    // this wait an engine's first kernels could read parameters still in flight.
+    DG_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
   ModelConfig cfg_;

@@ -146,13 +146,21 @@ class DeviceBuffer {
   bool empty() const { return count_ == 0; }
 
   // Synchronous copies for set-up and tests (the hot path uses cudaMemcpyAsync on a stream).
+  // cudaMemcpy runs on the legacy default stream, which non-blocking streams (every Engine's) do
+  // not wait for, and from pageable memory it may return before the data has landed: both copies
+  // wait for the whole device, so that an upload is complete before any stream reads it and a
+  // download sees what every stream has written.
   void upload(const T* host, std::size_t count, std::size_t offset = 0) {
     check_range(count, offset, "upload");
-    if (count) DG_CUDA_CHECK(cudaMemcpy(data_ + offset, host, count * sizeof(T), cudaMemcpyHostToDevice));
+    if (count == 0) return;
+    DG_CUDA_CHECK(cudaMemcpy(data_ + offset, host, count * sizeof(T), cudaMemcpyHostToDevice));
+    DG_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void download(T* host, std::size_t count, std::size_t offset = 0) const {
     check_range(count, offset, "download");
-    if (count) DG_CUDA_CHECK(cudaMemcpy(host, data_ + offset, count * sizeof(T), cudaMemcpyDeviceToHost));
+    if (count == 0) return;
+    DG_CUDA_CHECK(cudaDeviceSynchronize());
+    DG_CUDA_CHECK(cudaMemcpy(host, data_ + offset, count * sizeof(T), cudaMemcpyDeviceToHost));
   }
 
  private:

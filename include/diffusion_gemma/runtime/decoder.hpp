@@ -90,7 +90,8 @@ class Decoder {
     if (o.memory_budget_bytes > 0) {
       int longest = 0;
       for (int b = 0; b < p.num_canvases; ++b) longest = std::max(longest, Scheduler::Blocks::canvas_length(engine_.config(), b));
-      const std::size_t need = engine_.request_bytes(p.cache_capacity, std::max<std::int64_t>(longest, prompt_length));
+      // The engine sizes its workspace by its largest pass: a prompt runs in encoder chunks.
+      const std::size_t need = engine_.request_bytes(p.cache_capacity, prompt_length, longest);
       if (need > o.memory_budget_bytes) {
         throw_error(StatusCode::kOutOfRange, "the request needs ", static_cast<double>(need) / (1 << 20),
                     " MiB (KV cache for ", p.cache_capacity, " positions and workspace) but the memory budget is ",

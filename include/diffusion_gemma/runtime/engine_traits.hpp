@@ -7,7 +7,8 @@
 //   typename Engine::Cache                                   a KV cache type
 //   const ModelConfig& config() const
 //   Cache make_cache(std::int64_t capacity) const            positions the cache can hold
-//   std::size_t request_bytes(std::int64_t capacity, std::int64_t pass_tokens) const
+//   std::size_t request_bytes(std::int64_t capacity, std::int64_t prompt_tokens, std::int64_t canvas_tokens) const
+//        memory beyond the weights: the KV cache and the workspace of the largest pass
 //   void encode(const std::int32_t* ids, std::int64_t n, Cache& cache)
 //        causal pass at positions cache.length().., appending K/V (prefill, canvas commit)
 //   void denoise_step(const std::int32_t* canvas, std::int64_t n, bool first_step, const Cache& cache,
@@ -53,7 +54,8 @@ struct has_request_bytes : std::false_type {};
 template <class E>
 struct has_request_bytes<
     E, std::enable_if_t<std::is_convertible_v<
-           decltype(std::declval<const E&>().request_bytes(std::int64_t{}, std::int64_t{})), std::size_t>>>
+           decltype(std::declval<const E&>().request_bytes(std::int64_t{}, std::int64_t{}, std::int64_t{})),
+           std::size_t>>>
     : std::true_type {};
 
 template <class E, class = void>
@@ -96,7 +98,8 @@ constexpr bool check_diffusion_engine() {
   static_assert(has_config<E>::value, "Decoder<Engine>: Engine must provide `const ModelConfig& config() const`");
   static_assert(has_make_cache<E>::value, "Decoder<Engine>: Engine must provide `Cache make_cache(int64_t capacity) const`");
   static_assert(has_request_bytes<E>::value,
-                "Decoder<Engine>: Engine must provide `size_t request_bytes(int64_t capacity, int64_t pass_tokens) const`");
+                "Decoder<Engine>: Engine must provide `size_t request_bytes(int64_t capacity, int64_t prompt_tokens, "
+                "int64_t canvas_tokens) const`");
   static_assert(has_encode<E>::value,
                 "Decoder<Engine>: Engine must provide `void encode(const int32_t* ids, int64_t n, Cache& cache)`");
   static_assert(has_denoise_step<E>::value,

@@ -11,6 +11,7 @@
 #include <diffusion_gemma/core/macros.hpp>
 #include <diffusion_gemma/core/math.hpp>
 #include <diffusion_gemma/core/rng.hpp>
+#include <diffusion_gemma/model/token_id_check.hpp>
 #include <diffusion_gemma/cuda/device/convert.cuh>
 #include <diffusion_gemma/cuda/device/reduce.cuh>
 
@@ -19,11 +20,20 @@ namespace diffusion_gemma::cuda {
 inline constexpr int kRowThreads = 256;  // one block per row for the row kernels
 
 // out[t, :] = table[ids[t], :] * scale (the embedding times sqrt(hidden) in the weights' dtype).
+// Ids come from device memory that the host has not seen: an id outside [0, vocab) reads no
+// memory, gets a zero row and is recorded in `bad_token` (model/token_id_check.hpp), if given.
 template <class W>
-__global__ void __launch_bounds__(kRowThreads)
-    embed_kernel(const std::int32_t* ids, const W* table, int hidden, float scale, float* out) {
+__global__ void __launch_bounds__(kRowThreads) embed_kernel(const std::int32_t* ids, const W* table, int hidden,
+                                                            float scale, std::int64_t vocab, BadTokenWord* bad_token,
+                                                            float* out) {
   const std::int64_t t = blockIdx.x;
-  const W* row = table + static_cast<std::int64_t>(ids[t]) * hidden;
+  const std::int32_t id = ids[t];
+  if (!token_id_in_vocabulary(id, vocab)) {
+    for (int i = static_cast<int>(threadIdx.x); i < hidden; i += kRowThreads) out[t * hidden + i] = 0.0f;
+    if (threadIdx.x == 0 && bad_token != nullptr) atomicMin(bad_token, bad_token_record(t, id));
+    return;
+  }
+  const W* row = table + static_cast<std::int64_t>(id) * hidden;
   for (int i = static_cast<int>(threadIdx.x); i < hidden; i += kRowThreads) {
     out[t * hidden + i] = as_float(row[i]) * scale;
   }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-head norms and rotary embedding after the fused QKV projection (docs/model.md §3.1-3.3): q and k get
-// RMSNorm with their weight and rotate-half RoPE (pair i with i + D/2, inv_freq from
-// math::rope_inv_freq); v gets a weightless RMSNorm and no RoPE, and on k_eq_v layers it is taken
+// RMSNorm with their weight and rotate-half RoPE (pair i with i + D/2, angle math::rope_angle of the
+// inv_freq table the host built with model/rope_table.hpp, the CPU back-end's very bits); v gets a weightless RMSNorm and no RoPE, and on k_eq_v layers it is taken
 // from the raw k projection. Encoder passes also append k and v to the KV cache here.
 #pragma once
 
@@ -27,8 +27,7 @@ struct QkvNormRopeParams {
   const float* k_norm = nullptr;
   float eps = 1e-6f;
   std::int64_t first_position = 0;  // position of token 0
-  int rotated_pairs = 0, denominator = 0;
-  float theta = 10000.0f, factor = 1.0f;
+  const float* inv_freq = nullptr;  // [head_dim / 2] of this layer (RopeTables), in device memory
   Act* q = nullptr;  // [tokens, Hq, D]
   Act* k = nullptr;  // [tokens, Hkv, D]
   Act* v = nullptr;
@@ -55,7 +54,6 @@ __global__ void __launch_bounds__(kQkvThreads) qkv_norm_rope_kernel(QkvNormRopeP
   ss = warp_sum(ss);
   const float inv = math::rms_inverse(ss, D, p.eps);
   const float* weight = is_q ? p.q_norm : is_k ? p.k_norm : nullptr;
-  const float pos = static_cast<float>(p.first_position + t);
 
   Act* dst = nullptr;
   Act* cache = nullptr;
@@ -74,7 +72,7 @@ __global__ void __launch_bounds__(kQkvThreads) qkv_norm_rope_kernel(QkvNormRopeP
       hi = hi * weight[i + half];
     }
     if (!is_v) {
-      const float angle = pos * math::rope_inv_freq(i, p.rotated_pairs, p.denominator, p.theta, p.factor);
+      const float angle = math::rope_angle(p.first_position + t, p.inv_freq[i]);
       math::rope_rotate_pair(lo, hi, cosf(angle), sinf(angle));
     }
     const Act a = from_float<Act>(lo), b = from_float<Act>(hi);

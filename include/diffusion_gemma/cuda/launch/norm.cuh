@@ -33,14 +33,17 @@ inline Status check_rows(std::int64_t rows, const char* what) {
 
 inline std::size_t norm_workspace_bytes() { return 0; }
 
-// out[t] = table[ids[t]] * scale; ids must be in range (the engine checks them on the host).
+// out[t] = table[ids[t]] * scale for `tokens` device ids of a `vocab`-row table. An id outside
+// [0, vocab) gets a zero row and is recorded in the device word `bad_token` (null: not recorded),
+// which keeps the first bad position; the engine reads it when it next synchronises.
 template <class W>
-Status launch_embed(const std::int32_t* ids, std::int64_t tokens, const W* table, int hidden, float scale, float* out,
-                    cudaStream_t stream) {
+Status launch_embed(const std::int32_t* ids, std::int64_t tokens, const W* table, int hidden, float scale,
+                    std::int64_t vocab, BadTokenWord* bad_token, float* out, cudaStream_t stream) {
   if (tokens == 0) return {};
   Status s = detail::check_rows(tokens, "embed");
   if (!s.ok()) return s;
-  embed_kernel<W><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(ids, table, hidden, scale, out);
+  embed_kernel<W><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(ids, table, hidden, scale, vocab,
+                                                                             bad_token, out);
   DG_CUDA_TRY_LAUNCH("embed_kernel");
   return {};
 }

@@ -21,6 +21,7 @@ Status launch_qkv_norm_rope(const QkvNormRopeParams<Act>& p, cudaStream_t stream
     return make_status(StatusCode::kInvalidArgument, "qkv_norm_rope: head_dim ", p.head_dim,
                        " must be positive and even");
   }
+  if (p.inv_freq == nullptr) return make_status(StatusCode::kInvalidArgument, "qkv_norm_rope: no inv_freq table");
   const std::int64_t warps = static_cast<std::int64_t>(p.tokens) * (p.num_heads + 2 * p.num_kv_heads);
   constexpr int kWarpsPerBlock = kQkvThreads / kWarpSize;
   const std::int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
