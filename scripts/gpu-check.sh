@@ -78,7 +78,7 @@ record() {
 }
 
 # step NAME LIMIT [--json FILE] COMMAND...: runs COMMAND under min(LIMIT, time left before the
-# deadline), output to NAME.log. Exit 77 means the program found no device.
+# deadline), output to NAME.log. Exit 77 means the program found no CUDA device.
 step() {
   local name="$1" limit="$2"
   shift 2
@@ -96,7 +96,9 @@ step() {
   local rc=$? secs=$(($(date +%s) - start)) status=pass note=""
   case $rc in
     0) ;;
-    77) status=skipped; note="no device" ;;
+    # Steps run only after nvidia-smi listed a GPU: a program that then finds no CUDA device
+    # (a driver older than the CUDA 13 runtime, a hidden device) is a failure of this check.
+    77) status=fail; note="nvidia-smi lists a GPU but the program finds no CUDA device: $(grep -m1 -i 'no CUDA device' "$results/$name.log" | head -c 200)" ;;
     124|137) status=timeout; note="stopped at ${limit}s" ;;
     *) status=fail; note="$(grep -E -m3 'FAILED|failed|error|Error|ERROR' "$results/$name.log" | head -c 300)" ;;
   esac
@@ -157,8 +159,10 @@ if ldd "$bundle/bin/dg_gpu_realscale" 2>/dev/null | grep -q 'libcublas.*not foun
     record libraries fail 2 0 "libcublas.so.13 and libcublasLt.so.13 not found: set DG_CUBLAS_DIR"
     state="done"; write_summary; exit 2
   fi
+elif ldd "$bundle/bin/dg_gpu_realscale" 2>/dev/null | grep -q 'libcublas'; then
+  record libraries pass 0 0 "cuBLAS resolves to $(ldd "$bundle/bin/dg_gpu_realscale" | awk '/libcublas\.so/ {print $3}')"
 else
-  record libraries pass 0 0 "no shared cuBLAS needed"
+  record libraries pass 0 0 "cuBLAS linked statically: nothing beyond the driver needed"
 fi
 for b in $bins; do  # each binary loads (its libraries resolve) before any GPU work
   if ldd "$bundle/bin/$b" | grep -q 'not found'; then
@@ -195,7 +199,8 @@ if [ -n "$sanitizer" ]; then
   step racecheck 60 "$sanitizer" --tool racecheck --error-exitcode 1 "$tests" "$kernels"
   step memcheck_engine 60 "$sanitizer" --tool memcheck --error-exitcode 1 "$tests" \
     "bad inputs and impossible requests name what is wrong" "cuda::KvCache truncate re-runs a commit exactly" \
-    "cuda::Engine encoder chunking is exact: 3-token passes"
+    "cuda::Engine encoder chunking is exact: 3-token passes" "cuda::Engine device passes check their ids on the device" \
+    "cuda::Engine refuses a KV cache made for another model or dtype"
 else
   for s in memcheck racecheck memcheck_engine; do
     record "$s" skipped 0 0 "compute-sanitizer not found (set DG_SANITIZER)"

@@ -134,13 +134,14 @@ int check(int argc, char** argv) {
     }
   }
   if (ref_path.empty() || dtype == DType::kSentinel) usage("check needs --reference FILE and --dtype");
-  const rs::Reference r = rs::load_reference(ref_path);
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "dg_gpu_realscale: no CUDA device: nothing checked\n");
+  if (const cudaError_t err = cudaGetDeviceCount(&devices); err != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "dg_gpu_realscale: no CUDA device (%s): nothing checked\n",
+                 err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount reports 0 devices");
     write(json, "{\"skipped\": \"no CUDA device\"}");
     return 77;
   }
+  const rs::Reference r = rs::load_reference(ref_path);
   const auto t0 = std::chrono::steady_clock::now();
   const ModelConfig cfg = rs::scenario_config(r.scenario);
   std::shared_ptr<const dc::Model> model;

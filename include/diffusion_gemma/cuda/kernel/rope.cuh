@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Per-head norms and rotary embedding after the fused QKV projection (docs/model.md §3.1-3.3): q and k get
-// RMSNorm with their weight and rotate-half RoPE (pair i with i + D/2, angle math::rope_angle of the
-// inv_freq table the host built with model/rope_table.hpp, the CPU back-end's very bits); v gets a weightless RMSNorm and no RoPE, and on k_eq_v layers it is taken
+// Per-head norms and rotary embedding after the fused QKV projection (docs/model.md §3.1-3.3): q
+// and k get RMSNorm with their weight and rotate-half RoPE (pair i with i + D/2, angle
+// math::rope_angle of the inv_freq table the host built with model/rope_table.hpp, the CPU
+// back-end's very bits); v gets a weightless RMSNorm and no RoPE, and on k_eq_v layers it is taken
 // from the raw k projection. Encoder passes also append k and v to the KV cache here.
 #pragma once
 
