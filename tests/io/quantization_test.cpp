@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Quantized checkpoints (docs/quantization.md): the fixtures in tests/fixtures/quant were written
-// by compressed-tensors 0.20.1 and GPTQModel 7.7.0 (tools/reference/make_quant_fixtures.py), with
-// `dequantized.safetensors` holding those packages' own dequantisation of three matrices. Here:
+// by compressed-tensors 0.20.1 and GPTQModel 7.7.0 (tools/reference/make_quant_fixtures.py) and, for
+// llmc_*, by llm-compressor 0.14.0.1's model_free_ptq (tools/reference/make_llmcompressor_fixture.py),
+// with `dequantized.safetensors` holding compressed-tensors' / GPTQModel's own dequantisation of
+// three matrices. Here:
 // our dequantisation equals theirs bit for bit; our RTN quantiser writes the same tensors as
 // compressed-tensors from the same BF16 weights; quantization_config refusals name the key; bad
 // tensors are refused before anything computes, naming the tensor.
@@ -30,8 +32,10 @@ using Catch::Matchers::Contains;
 
 namespace {
 
+// llmc_*: written by llm-compressor 0.14.0.1 itself (model_free_ptq), tools/reference/make_llmcompressor_fixture.py.
 const char* const kVariants[] = {"fp8_channel",   "fp8_tensor",    "int8_channel", "w4a16_g32",
-                                 "w4a16_asym_g64", "w8a16_channel", "gptq_sym",     "gptq_asym_descact"};
+                                 "w4a16_asym_g64", "w8a16_channel", "gptq_sym",     "gptq_asym_descact",
+                                 "llmc_w4a16",     "llmc_fp8_dynamic"};
 
 std::string quant_fixture(const std::string& name) { return dg_test::fixture("quant/" + name); }
 
@@ -119,6 +123,63 @@ TEST_CASE("quantized fixtures bind, and dequantise bit for bit as compressed-ten
     CHECK(L0.router_proj.is_dense());
     CHECK(c.weights.embed_tokens.is_dense());
     CHECK(c.weights.self_conditioning.gate_proj.is_dense());
+  }
+}
+
+// llm-compressor's model_free_ptq writes a model.safetensors.index.json even for one shard, no
+// safetensors metadata, and config groups with every QuantizationArgs field (observer, scale_dtype,
+// zp_dtype, block_structure, actorder: null); FP8_DYNAMIC keeps its preset name as the group name
+// and its dynamic per-token input_activations.
+TEST_CASE("checkpoints written by llm-compressor's model_free_ptq load", "[io][quant]") {
+  const io::LoadedCheckpoint w4 = io::load_checkpoint(quant_fixture("llmc_w4a16"));
+  CHECK(w4.quantization.describe() == "compressed-tensors: config_group_0 = int4 group 32 symmetric (pack-quantized)");
+  CHECK(w4.report.prefix == "model.decoder.");
+  CHECK(w4.report.split_experts);
+  const io::LoadedCheckpoint f8 = io::load_checkpoint(quant_fixture("llmc_fp8_dynamic"));
+  CHECK(f8.quantization.describe() == "compressed-tensors: FP8_DYNAMIC = fp8 e4m3 per channel (float-quantized)");
+  CHECK(f8.report.split_experts);
+  // Every Linear of the text model quantized: attention (q, k, v, o; the full layer has no v_proj),
+  // MLP (3) and experts (3 x 4): 4 + 3 + 2 x (3 + 12) = 37.
+  const auto total = [](const io::LoadedCheckpoint& c) {
+    std::size_t n = 0;
+    for (const auto& [scheme, count] : c.report.quantized) n += count;
+    return n;
+  };
+  CHECK(total(w4) == 37);
+  CHECK(total(f8) == 37);
+}
+
+// make_quant_fixtures.py re-implements model_free_ptq with compressed-tensors 0.20.1 (llm-compressor
+// cannot be installed next to the reference's torch/transformers). On the same BF16 weights,
+// llm-compressor itself (with compressed-tensors 0.19.0) wrote the same tensors, byte for byte.
+TEST_CASE("llm-compressor's own output equals the re-implemented fixtures byte for byte", "[io][quant]") {
+  struct Pair {
+    const char* llmc;
+    const char* ours;
+    const char* our_prefix;
+  };
+  for (const Pair& p : {Pair{"llmc_fp8_dynamic", "fp8_channel", "model.decoder."},
+                        Pair{"llmc_w4a16", "w4a16_g32", "model.encoder.language_model."}}) {
+    INFO(p.llmc << " vs " << p.ours);
+    const io::Checkpoint theirs(quant_fixture(p.llmc));
+    const io::Checkpoint ours(quant_fixture(p.ours));
+    int compared = 0;
+    for (const std::string& name : theirs.names()) {
+      INFO(name);
+      std::string mapped = name;
+      const std::string dec = "model.decoder.";
+      if (mapped.rfind(dec, 0) == 0) mapped = p.our_prefix + mapped.substr(dec.size());
+      const auto* b = ours.find(mapped);
+      REQUIRE(b != nullptr);
+      const RawTensor& x = theirs.find(name)->tensor;
+      const RawTensor& y = b->tensor;
+      CHECK(x.dtype == y.dtype);
+      CHECK(x.shape == y.shape);
+      REQUIRE(x.nbytes == y.nbytes);
+      CHECK(std::memcmp(x.data, y.data, x.nbytes) == 0);
+      ++compared;
+    }
+    CHECK(compared > 100);
   }
 }
 

@@ -108,14 +108,15 @@ TEST_CASE("DiffusionGemma backbone matches transformers: encoder, denoiser, SC, 
   check_dg_fixture("dg_wide");
 }
 
-// Quantized checkpoints (tests/fixtures/quant, written by compressed-tensors and GPTQModel): the
-// golden logits are transformers fp32 on the weights those packages dequantise, so in the exact
-// precision we differ only by summation order, as above. The issue's bound is 1e-3; the largest
+// Quantized checkpoints (tests/fixtures/quant, written by compressed-tensors, GPTQModel and, llmc_*,
+// llm-compressor's model_free_ptq): the golden logits are transformers fp32 on the weights
+// compressed-tensors / GPTQModel dequantise, so in the exact precision we differ only by summation
+// order, as above. The issue's bound is 1e-3; the largest
 // difference measured is printed with DG_TEST_VERBOSE=1.
 TEST_CASE("quantized checkpoints match transformers on the dequantised weights (FP8, INT8, INT4, GPTQ)",
           "[model][cpu][golden][quant]") {
   for (const char* v : {"fp8_channel", "fp8_tensor", "int8_channel", "w4a16_g32", "w4a16_asym_g64", "w8a16_channel",
-                        "gptq_sym", "gptq_asym_descact"}) {
+                        "gptq_sym", "gptq_asym_descact", "llmc_w4a16", "llmc_fp8_dynamic"}) {
     check_dg_fixture(std::string("quant/") + v, exact(), 1e-3);
   }
 }

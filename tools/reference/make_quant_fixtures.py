@@ -41,6 +41,18 @@ Which tool wrote what
   GPTQModel's `convert_gptq_v1_to_v2_format_module` + `TorchLinear.dequantize_weight`, cross-checked
   against `gptq_v1_dequant_numpy` (the documented formula) bit for bit.
 
+Checkpoints written by llm-compressor itself (llmc_w4a16, llmc_fp8_dynamic): make_llmcompressor_fixture.py
+runs llmcompressor 0.14.0.1's `model_free_ptq` on base/ in its own venv; then `--golden-for DIR` here
+(reference venv) adds golden.safetensors, dequantized.safetensors and generation_config.json, computed
+exactly as above (CompressedTensorsDequantizer 0.20.1, transformers 5.24 fp32), without touching the
+checkpoint:
+
+    tools/reference/.venv/bin/python tools/reference/make_quant_fixtures.py --golden-for tests/fixtures/quant/llmc_w4a16
+    tools/reference/.venv/bin/python tools/reference/make_quant_fixtures.py --golden-for tests/fixtures/quant/llmc_fp8_dynamic
+
+On the same base, llm-compressor wrote byte for byte the tensors `ct_quantize` writes for W4A16 group 32
+(w4a16_g32, up to the prefix) and FP8_DYNAMIC (fp8_channel); tests/io/quantization_test.cpp checks it.
+
 Deterministic: a second run writes byte-identical files.
 """
 
@@ -504,12 +516,45 @@ def build_variant(name, out_root, base_dir, base_tensors):
     print(f"wrote {name}: {len(quantized)} quantized matrices, max |dequantized - bf16| {worst:.4g}")
 
 
+def golden_for(out_dir, base_dir):
+    """golden.safetensors + dequantized.safetensors (+ generation_config.json) for a quantized
+    checkpoint another program wrote from `base_dir` (make_llmcompressor_fixture.py). Its
+    tensors and config.json are not touched; config.json must be the base's plus a
+    quantization_config."""
+    with open(os.path.join(out_dir, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(base_dir, "config.json")) as f:
+        base_cfg = json.load(f)
+    cfg.pop("quantization_config")
+    if cfg != base_cfg:
+        raise SystemExit(f"{out_dir}/config.json differs from {base_dir}/config.json beyond quantization_config")
+    tensors = load_checkpoint(out_dir)
+    prefix = ENCODER_LM if any(k.startswith(ENCODER_LM + "layers.0.self_attn.") for k in tensors) else DECODER
+    fused = (prefix + "layers.0.experts.down_proj") in tensors
+    write_generation_config(out_dir)
+    dense, quantized = dequantize_dir(out_dir)
+    write_dequantized(out_dir, prefix, dense, fused)
+    save_file(golden_from_dense(base_dir, dense), os.path.join(out_dir, "golden.safetensors"),
+              metadata={"format": "pt"})
+    base_tensors = load_checkpoint(base_dir)
+    base_dense = with_prefix(base_tensors if fused else split_fused_experts(base_tensors), prefix)
+    worst = max((dense[k] - base_dense[k].to(torch.float32)).abs().max().item() for k in quantized)
+    print(f"golden for {out_dir}: {len(quantized)} quantized matrices, max |dequantized - bf16| {worst:.4g}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="tests/fixtures/quant")
     ap.add_argument("--only", default=None, help="build one variant (the base is always rebuilt)")
+    ap.add_argument("--golden-for", default=None, metavar="DIR",
+                    help="only write golden.safetensors, dequantized.safetensors and generation_config.json "
+                         "into DIR, a checkpoint another program quantized from --base (nothing else is built)")
+    ap.add_argument("--base", default="tests/fixtures/quant/base", help="the BF16 checkpoint DIR was made from")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.golden_for:
+        golden_for(args.golden_for, args.base)
+        return
     os.makedirs(args.out, exist_ok=True)
     base_dir = build_base(args.out)
     base_tensors = load_checkpoint(base_dir)
