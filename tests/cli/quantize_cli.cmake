@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # `dgemma quantize` end to end: the BF16 base fixture quantised with the scheme of a fixture that
-# compressed-tensors wrote from the same weights must dequantise to exactly the same matrices
-# (compared through `dgemma dequantize`), and bad flags are refused by name.
+# compressed-tensors (or, llmc_*, llm-compressor's model_free_ptq) wrote from the same weights must
+# dequantise to exactly the same matrices (compared through `dgemma dequantize`), and bad flags are
+# refused by name.
 #   cmake -DDGEMMA=<dgemma> -DFIXTURES=<tests/fixtures> -DWORK=<dir> -P quantize_cli.cmake
 cmake_policy(VERSION 3.21)
 file(REMOVE_RECURSE "${WORK}")
@@ -19,7 +20,9 @@ endfunction()
 set(cases "w4a16_asym_g64|--scheme,w4a16,--group-size,64,--asymmetric"
           "w8a16_channel|--scheme,w8a16"
           "int8_channel_split|--scheme,int8"
-          "fp8_channel|--scheme,fp8,--shard-size,0.1")
+          "fp8_channel|--scheme,fp8,--shard-size,0.1"
+          "llmc_w4a16|--scheme,w4a16,--group-size,32"
+          "llmc_fp8_dynamic|--scheme,fp8")
 foreach(c IN LISTS cases)
   string(REPLACE "|" ";" parts "${c}")
   string(REPLACE "," ";" parts "${parts}")
@@ -43,7 +46,7 @@ foreach(c IN LISTS cases)
   execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${out}.ours.safetensors ${out}.theirs.safetensors
                   RESULT_VARIABLE same)
   if(NOT same EQUAL 0)
-    message(FATAL_ERROR "dgemma quantize ${flags} does not reproduce compressed-tensors' ${fixture}")
+    message(FATAL_ERROR "dgemma quantize ${flags} does not reproduce ${fixture} (written by compressed-tensors / llm-compressor)")
   endif()
 endforeach()
 # fp8 with a 0.1 MiB shard limit must have been split into several shards.
