@@ -11,6 +11,7 @@
 
 #include <diffusion_gemma/cpu/engine.hpp>
 #include <diffusion_gemma/cpu/model.hpp>
+#include <diffusion_gemma/io/tokenizer.hpp>
 #include <diffusion_gemma/runtime/decoder.hpp>
 
 #include "cli.hpp"
@@ -18,6 +19,23 @@
 namespace dgemma {
 
 using diffusion_gemma::GenerationConfig;
+
+// Text of ids; ids the tokenizer does not know (a model vocabulary larger than tokenizer.json's)
+// show as <ID> instead of failing mid-generation.
+inline std::string decode_known(const diffusion_gemma::io::Tokenizer& tok, const std::vector<std::int32_t>& ids) {
+  std::string text;
+  std::vector<int> run;
+  for (auto id : ids) {
+    if (tok.has_id(id)) {
+      run.push_back(id);
+      continue;
+    }
+    text += tok.decode(run);
+    run.clear();
+    text += "<" + std::to_string(id) + ">";
+  }
+  return text + tok.decode(run);
+}
 
 inline bool stderr_is_terminal() { return ::isatty(2) == 1; }
 

@@ -34,23 +34,6 @@ namespace {
 
 std::atomic<bool> g_interrupted{false};
 
-// Text of ids; ids the tokenizer does not know (a model vocabulary larger than tokenizer.json's)
-// show as <ID> instead of failing mid-generation.
-std::string decode_known(const dg::io::Tokenizer& tok, const std::vector<std::int32_t>& ids) {
-  std::string text;
-  std::vector<int> run;
-  for (auto id : ids) {
-    if (tok.has_id(id)) {
-      run.push_back(id);
-      continue;
-    }
-    text += tok.decode(run);
-    run.clear();
-    text += "<" + std::to_string(id) + ">";
-  }
-  return text + tok.decode(run);
-}
-
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
 
 int terminal_width() {

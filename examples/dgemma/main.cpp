@@ -19,6 +19,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  generate     text or ids in, text out, with a live view of the canvas as it denoises\n"
+    "  serve        an OpenAI-compatible HTTP server (chat, completions, streaming, metrics)\n"
     "  info         config summary, parameter counts, memory for weights and KV cache\n"
     "  quantize     write a compressed-tensors checkpoint (w4a16, w8a16, int8, fp8)\n"
     "  dequantize   a quantized checkpoint's matrices as F32 safetensors (for comparing tools)\n"
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
     if (cmd == "parity") return dgemma::cmd_parity(args);
     if (cmd == "replay") return dgemma::cmd_replay(args);
     if (cmd == "generate") return dgemma::cmd_generate(args);
+    if (cmd == "serve") return dgemma::cmd_serve(args);
     if (cmd == "info") return dgemma::cmd_info(args);
     if (cmd == "quantize") return dgemma::cmd_quantize(args);
     if (cmd == "dequantize") return dgemma::cmd_dequantize(args);

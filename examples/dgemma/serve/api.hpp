@@ -1,0 +1,379 @@
+// SPDX-License-Identifier: Apache-2.0
+// The OpenAI-compatible request surface of `dgemma serve` (docs/serving.md): parsing and checking
+// of /v1/chat/completions and /v1/completions bodies, and OpenAI's error JSON. Free of the model
+// and of HTTP so that every rule here is a plain function of the body; each error names the field
+// at fault in `param` and in the message.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dgemma::serve {
+
+using json = nlohmann::ordered_json;
+
+// An error a client caused (or an overload): becomes an HTTP status and OpenAI's error object.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string param = {}, std::string code = {},
+           std::string type = {})
+      : std::runtime_error(message), status_(status), param_(std::move(param)), code_(std::move(code)),
+        type_(type.empty() ? default_type(status) : std::move(type)) {}
+  int status() const { return status_; }
+  const std::string& param() const { return param_; }
+  const std::string& code() const { return code_; }
+  const std::string& type() const { return type_; }
+
+  // {"error": {"message", "type", "param", "code"}}: param and code are null when empty.
+  json body() const {
+    json e;
+    e["message"] = what();
+    e["type"] = type_;
+    e["param"] = param_.empty() ? json(nullptr) : json(param_);
+    e["code"] = code_.empty() ? json(nullptr) : json(code_);
+    return json{{"error", e}};
+  }
+
+  static std::string default_type(int status) {
+    if (status == 401) return "authentication_error";
+    if (status == 404) return "invalid_request_error";
+    if (status == 429) return "rate_limit_error";
+    if (status >= 500) return status == 503 ? "service_unavailable" : "server_error";
+    return "invalid_request_error";
+  }
+
+ private:
+  int status_;
+  std::string param_, code_, type_;
+};
+
+// What the parser needs to know about the server (filled from the model and the flags).
+struct ApiLimits {
+  std::string model_id;
+  int default_max_tokens = 256;     // generation_config.json's max_new_tokens
+  int max_tokens_limit = 1 << 20;   // max_position_embeddings: a first bound; the plan checks prompt + tokens
+  int max_denoising_steps_limit = 4096;
+  std::size_t max_stop_sequences = 4;  // OpenAI's limit
+  std::size_t max_stop_length = 256;   // bytes per stop sequence
+};
+
+struct Message {
+  std::string role;
+  std::string content;
+};
+
+// The "dgemma" extension object: sampler fields beyond OpenAI's. Empty optionals keep the
+// checkpoint's generation_config.json values.
+struct SamplerOverrides {
+  std::optional<int> max_denoising_steps;
+  std::optional<double> t_min, t_max, entropy_bound, confidence_threshold;
+  std::optional<int> stability_threshold;
+};
+
+struct GenerationRequest {
+  bool chat = true;
+  std::vector<Message> messages;  // chat
+  std::string prompt;             // completions
+  int max_tokens = 0;
+  std::uint64_t seed = 0;         // default 0, as `dgemma generate`: the same request gives the same answer
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage: an extra usage-only chunk at the end
+  bool stream_drafts = false;
+  SamplerOverrides sampler;
+};
+
+namespace detail {
+
+inline const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "boolean";
+    case json::value_t::string: return "string";
+    case json::value_t::array: return "array";
+    case json::value_t::object: return "object";
+    case json::value_t::number_float: return "number";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "integer";
+    default: return "value";
+  }
+}
+
+[[noreturn]] inline void bad_type(const std::string& param, const char* want, const json& got) {
+  throw ApiError(400, "'" + param + "' must be " + want + " (got " + type_name(got) + ")", param, "invalid_type");
+}
+[[noreturn]] inline void bad_value(const std::string& param, const std::string& why) {
+  throw ApiError(400, "'" + param + "' " + why, param, "invalid_value");
+}
+
+inline std::int64_t get_int(const json& v, const std::string& param, std::int64_t lo, std::int64_t hi) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(hi)) bad_value(param, "must be at most " + std::to_string(hi) + " (got " + v.dump() + ")");
+    return static_cast<std::int64_t>(u);
+  }
+  if (!v.is_number_integer()) bad_type(param, "an integer", v);
+  const auto x = v.get<std::int64_t>();
+  if (x < lo || x > hi) {
+    bad_value(param, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (got " + std::to_string(x) + ")");
+  }
+  return x;
+}
+
+inline double get_number(const json& v, const std::string& param) {
+  if (!v.is_number()) bad_type(param, "a number", v);
+  return v.get<double>();
+}
+
+inline bool get_bool(const json& v, const std::string& param) {
+  if (!v.is_boolean()) bad_type(param, "a boolean", v);
+  return v.get<bool>();
+}
+
+inline std::string get_string(const json& v, const std::string& param) {
+  if (!v.is_string()) bad_type(param, "a string", v);
+  return v.get<std::string>();
+}
+
+// Message content: a string, or OpenAI's array of parts of which only {"type": "text"} is served.
+inline std::string get_content(const json& v, const std::string& param) {
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array()) bad_type(param, "a string or an array of text parts", v);
+  std::string text;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::string p = param + "[" + std::to_string(i) + "]";
+    const json& part = v[i];
+    if (!part.is_object()) bad_type(p, "an object", part);
+    if (!part.contains("type") || get_string(part["type"], p + ".type") != "text") {
+      throw ApiError(400, "'" + p + ".type' must be \"text\": this model reads text only", p + ".type", "invalid_value");
+    }
+    if (!part.contains("text")) throw ApiError(400, "'" + p + ".text' is missing", p + ".text", "missing_parameter");
+    text += get_string(part["text"], p + ".text");
+  }
+  return text;
+}
+
+// OpenAI fields that this server does not implement are accepted only at their neutral value, so
+// that a client's explicit defaults work while anything that would change the answer is refused.
+inline void check_neutral(const json& body, const std::string& key) {
+  const json& v = body[key];
+  if (v.is_null()) return;
+  bool neutral = false;
+  if (key == "n" || key == "best_of") {
+    neutral = v.is_number() && v.get<double>() == 1.0;
+    if (!neutral) bad_value(key, "must be 1: one choice per request (got " + v.dump() + ")");
+  } else if (key == "temperature" || key == "top_p") {
+    neutral = v.is_number() && v.get<double>() == 1.0;
+    if (!neutral) {
+      bad_value(key, "is not supported (got " + v.dump() +
+                         "): the temperature follows the denoising schedule; set dgemma.t_min and dgemma.t_max "
+                         "instead, or omit '" + key + "' (1 is accepted as OpenAI's default)");
+    }
+  } else if (key == "presence_penalty" || key == "frequency_penalty") {
+    neutral = v.is_number() && v.get<double>() == 0.0;
+    if (!neutral) bad_value(key, "is not supported: only 0 is accepted (got " + v.dump() + ")");
+  } else if (key == "logprobs" || key == "echo") {
+    neutral = (v.is_boolean() && !v.get<bool>()) || (v.is_number_integer() && v.get<std::int64_t>() == 0);
+    if (!neutral) bad_value(key, "is not supported: only false is accepted (got " + v.dump() + ")");
+  } else if (key == "logit_bias" || key == "tools" || key == "functions") {
+    neutral = (v.is_object() || v.is_array()) && v.empty();
+    if (!neutral) bad_value(key, "is not supported by this server");
+  } else if (key == "response_format") {
+    neutral = v.is_object() && v.contains("type") && v["type"] == "text";
+    if (!neutral) bad_value(key, "is not supported: only {\"type\": \"text\"} is accepted");
+  } else if (key == "tool_choice" || key == "function_call") {
+    neutral = v.is_string() && v.get<std::string>() == "none";
+    if (!neutral) bad_value(key, "is not supported: only \"none\" is accepted");
+  } else if (key == "top_logprobs" || key == "suffix") {
+    bad_value(key, "is not supported by this server");
+  }
+}
+
+inline void parse_stop(const json& v, const ApiLimits& limits, std::vector<std::string>& out) {
+  if (v.is_null()) return;
+  std::vector<std::string> stops;
+  if (v.is_string()) {
+    stops.push_back(v.get<std::string>());
+  } else if (v.is_array()) {
+    for (std::size_t i = 0; i < v.size(); ++i) stops.push_back(get_string(v[i], "stop[" + std::to_string(i) + "]"));
+  } else {
+    bad_type("stop", "a string or an array of strings", v);
+  }
+  if (stops.size() > limits.max_stop_sequences) {
+    bad_value("stop", "has " + std::to_string(stops.size()) + " sequences; at most " +
+                          std::to_string(limits.max_stop_sequences) + " are allowed");
+  }
+  for (const auto& s : stops) {
+    if (s.empty()) bad_value("stop", "must not contain an empty string");
+    if (s.size() > limits.max_stop_length) {
+      bad_value("stop", "sequences must be at most " + std::to_string(limits.max_stop_length) + " bytes");
+    }
+  }
+  out = std::move(stops);
+}
+
+inline void parse_extension(const json& v, const ApiLimits& limits, GenerationRequest& r) {
+  if (v.is_null()) return;
+  if (!v.is_object()) bad_type("dgemma", "an object", v);
+  SamplerOverrides& s = r.sampler;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string& k = it.key();
+    const std::string p = "dgemma." + k;
+    const json& x = it.value();
+    if (x.is_null()) continue;
+    if (k == "max_denoising_steps") {
+      s.max_denoising_steps = static_cast<int>(get_int(x, p, 1, limits.max_denoising_steps_limit));
+    } else if (k == "t_min" || k == "t_max") {
+      const double t = get_number(x, p);
+      if (!(t >= 0.0) || t > 1e6) bad_value(p, "must be in [0, 1e6] (got " + x.dump() + ")");
+      (k == "t_min" ? s.t_min : s.t_max) = t;
+    } else if (k == "entropy_bound" || k == "confidence_threshold") {
+      const double g = get_number(x, p);
+      if (!(g > 0.0) || g > 1e9) bad_value(p, "must be > 0 (got " + x.dump() + ")");
+      (k == "entropy_bound" ? s.entropy_bound : s.confidence_threshold) = g;
+    } else if (k == "stability_threshold") {
+      s.stability_threshold = static_cast<int>(get_int(x, p, 0, 1 << 20));
+    } else if (k == "stream_drafts") {
+      r.stream_drafts = get_bool(x, p);
+    } else {
+      throw ApiError(400, "unknown field '" + p + "' (known: max_denoising_steps, t_min, t_max, entropy_bound, "
+                          "stability_threshold, confidence_threshold, stream_drafts)", p, "unknown_parameter");
+    }
+  }
+  if (r.stream_drafts && !r.stream) bad_value("dgemma.stream_drafts", "needs \"stream\": true");
+}
+
+// Fields both endpoints share.
+inline json parse_common(const std::string& body, const ApiLimits& limits, const std::set<std::string>& own,
+                         GenerationRequest& r) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what(), "", "invalid_json");
+  }
+  if (!j.is_object()) throw ApiError(400, std::string("the body must be a JSON object (got ") + type_name(j) + ")", "", "invalid_json");
+  static const std::set<std::string> common = {"model", "max_tokens", "seed", "stop", "stream", "stream_options",
+                                               "dgemma", "user", "n", "temperature", "top_p", "presence_penalty",
+                                               "frequency_penalty", "logprobs", "logit_bias", "top_logprobs"};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!common.count(it.key()) && !own.count(it.key())) {
+      throw ApiError(400, "unknown field '" + it.key() + "' (vendor extensions go in the \"dgemma\" object)", it.key(),
+                     "unknown_parameter");
+    }
+  }
+  if (!j.contains("model") || j["model"].is_null()) throw ApiError(400, "'model' is required", "model", "missing_parameter");
+  const std::string model = get_string(j["model"], "model");
+  if (model != limits.model_id) {
+    throw ApiError(404, "the model '" + model + "' does not exist; this server serves '" + limits.model_id + "'", "model",
+                   "model_not_found");
+  }
+  for (const char* k : {"n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logprobs", "logit_bias",
+                        "top_logprobs", "best_of", "echo", "suffix", "tools", "functions", "tool_choice",
+                        "function_call", "response_format"}) {
+    if (j.contains(k)) check_neutral(j, k);
+  }
+  if (j.contains("user") && !j["user"].is_null()) (void)get_string(j["user"], "user");  // accepted, not used
+  r.max_tokens = limits.default_max_tokens;
+  std::optional<std::int64_t> max_tokens;
+  for (const char* k : {"max_tokens", "max_completion_tokens"}) {
+    if (!j.contains(k) || j[k].is_null()) continue;
+    const std::int64_t v = get_int(j[k], k, 1, limits.max_tokens_limit);
+    if (max_tokens && *max_tokens != v) {
+      bad_value(k, "disagrees with 'max_tokens' (" + std::to_string(*max_tokens) + " vs " + std::to_string(v) + ")");
+    }
+    max_tokens = v;
+  }
+  if (max_tokens) r.max_tokens = static_cast<int>(*max_tokens);
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    const json& s = j["seed"];
+    if (s.is_number_unsigned()) {
+      r.seed = s.get<std::uint64_t>();
+    } else {
+      r.seed = static_cast<std::uint64_t>(get_int(s, "seed", 0, INT64_MAX));
+    }
+  }
+  if (j.contains("stop")) parse_stop(j["stop"], limits, r.stop);
+  if (j.contains("stream") && !j["stream"].is_null()) r.stream = get_bool(j["stream"], "stream");
+  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+    const json& so = j["stream_options"];
+    if (!so.is_object()) bad_type("stream_options", "an object", so);
+    if (!r.stream) bad_value("stream_options", "is only allowed with \"stream\": true");
+    for (auto it = so.begin(); it != so.end(); ++it) {
+      if (it.key() != "include_usage") {
+        throw ApiError(400, "unknown field 'stream_options." + it.key() + "'", "stream_options." + it.key(),
+                       "unknown_parameter");
+      }
+      if (!it.value().is_null()) r.include_usage = get_bool(it.value(), "stream_options.include_usage");
+    }
+  }
+  if (j.contains("dgemma")) parse_extension(j["dgemma"], limits, r);
+  return j;
+}
+
+}  // namespace detail
+
+inline GenerationRequest parse_chat_request(const std::string& body, const ApiLimits& limits) {
+  GenerationRequest r;
+  r.chat = true;
+  static const std::set<std::string> own = {"messages", "max_completion_tokens", "tools", "tool_choice",
+                                            "response_format", "functions", "function_call"};
+  const json j = detail::parse_common(body, limits, own, r);
+  if (!j.contains("messages") || j["messages"].is_null()) {
+    throw ApiError(400, "'messages' is required", "messages", "missing_parameter");
+  }
+  const json& m = j["messages"];
+  if (!m.is_array()) detail::bad_type("messages", "an array", m);
+  if (m.empty()) detail::bad_value("messages", "must contain at least one message");
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    if (!m[i].is_object()) detail::bad_type(p, "an object", m[i]);
+    Message msg;
+    for (auto it = m[i].begin(); it != m[i].end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "role") {
+        msg.role = detail::get_string(it.value(), p + ".role");
+      } else if (k == "content") {
+        if (!it.value().is_null()) msg.content = detail::get_content(it.value(), p + ".content");
+      } else if (k == "name") {
+        if (!it.value().is_null()) (void)detail::get_string(it.value(), p + ".name");  // accepted, not rendered
+      } else {
+        throw ApiError(400, "unknown field '" + p + "." + k + "'", p + "." + k, "unknown_parameter");
+      }
+    }
+    if (!m[i].contains("role")) throw ApiError(400, "'" + p + ".role' is required", p + ".role", "missing_parameter");
+    const bool system = msg.role == "system" || msg.role == "developer";
+    if (msg.role != "user" && msg.role != "assistant" && !system) {
+      detail::bad_value(p + ".role", "must be system, developer, user or assistant (got '" + msg.role + "')");
+    }
+    if (system && i != 0) detail::bad_value(p + ".role", "'" + msg.role + "' is only allowed as the first message");
+    r.messages.push_back(std::move(msg));
+  }
+  return r;
+}
+
+inline GenerationRequest parse_completion_request(const std::string& body, const ApiLimits& limits) {
+  GenerationRequest r;
+  r.chat = false;
+  static const std::set<std::string> own = {"prompt", "best_of", "echo", "suffix"};
+  const json j = detail::parse_common(body, limits, own, r);
+  if (!j.contains("prompt") || j["prompt"].is_null()) throw ApiError(400, "'prompt' is required", "prompt", "missing_parameter");
+  const json& p = j["prompt"];
+  if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+    r.prompt = p[0].get<std::string>();  // one prompt in a list, as some clients send it
+  } else if (p.is_string()) {
+    r.prompt = p.get<std::string>();
+  } else {
+    detail::bad_type("prompt", "a string (one prompt per request)", p);
+  }
+  if (r.prompt.empty()) detail::bad_value("prompt", "must not be empty");
+  return r;
+}
+
+}  // namespace dgemma::serve

@@ -1,0 +1,667 @@
+// SPDX-License-Identifier: Apache-2.0
+// dgemma serve: an OpenAI-compatible HTTP server (docs/serving.md).
+//
+// Threads: cpp-httplib's pool runs the handlers; ONE worker thread owns the engine and calls the
+// batcher's step(). A handler parses and checks a request, submits it, then waits on the request's
+// Channel for the events that the batcher's callbacks push from the worker thread. Handlers only
+// submit and cancel, so no client can block the batch: a stream whose client has gone away fails
+// its next write (a comment line every heartbeat keeps writes coming between canvases) and its
+// request is cancelled, which frees its slot before the next pass.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <diffusion_gemma/cpu/engine.hpp>
+#include <diffusion_gemma/io/chat_format.hpp>
+#include <diffusion_gemma/io/tokenizer.hpp>
+#include <diffusion_gemma/runtime/decoder.hpp>
+
+#include "../commands.hpp"
+#include "../common.hpp"
+#include "api.hpp"
+#include "channel.hpp"
+#include "metrics.hpp"
+#include "responses.hpp"
+#include "serial_batcher.hpp"
+#include "sse.hpp"
+#include "text_stream.hpp"
+
+// Last: httplib.h includes <resolv.h>, whose `_res` macro would rewrite parameter names in Eigen's
+// headers (reached through the engine) if they were parsed after it.
+#include <httplib.h>
+
+namespace dgemma {
+
+namespace dg = diffusion_gemma;
+
+namespace {
+
+using Engine = dg::cpu::Engine<dg::DiffusionGemmaBackbone>;
+using Batcher = serve::SerialBatcher<Engine>;
+using Options = Batcher::Options;
+using Scheduler = dg::CanvasScheduler<>;
+using Sampler = dg::ReferenceSampler;
+using Clock = std::chrono::steady_clock;
+using serve::ApiError;
+using json = serve::json;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct ServeConfig {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;
+  std::size_t max_body_bytes = 1 << 20;
+  int http_threads = 0;
+  double shutdown_timeout = 10.0;
+  std::chrono::milliseconds heartbeat{500};
+};
+
+// Constant time in the key's length, so that a wrong key's timing tells nothing about the right one.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
+  return diff == 0 && !b.empty();
+}
+
+// A metrics label for a path: the routes served, or "other" (unknown paths must not grow the label set).
+std::string endpoint_label(const std::string& path) {
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}) {
+    if (path == p) return p;
+  }
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
+  return "other";
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status();
+  res.set_content(serve::dump_json(e.body()), "application/json");
+}
+
+class Server {
+ public:
+  Server(std::shared_ptr<const dg::cpu::Model> model, std::unique_ptr<dg::io::Tokenizer> tok,
+         dg::cpu::EngineOptions engine_options, Batcher::Limits limits, ServeConfig config, std::string model_id)
+      : model_(std::move(model)),
+        tok_(std::move(tok)),
+        engine_(model_, engine_options),
+        batcher_(engine_, limits),
+        limits_(limits),
+        config_(std::move(config)),
+        defaults_(dg::Decoder<Engine>::default_options(model_->generation_config())),
+        created_(static_cast<std::int64_t>(std::time(nullptr))) {
+    const auto& cfg = model_->config();
+    api_.model_id = std::move(model_id);
+    api_.default_max_tokens = defaults_.scheduler.max_new_tokens;
+    api_.max_tokens_limit = static_cast<int>(cfg.max_position_embeddings);
+    std::random_device rd;
+    id_prefix_ = std::to_string(rd() % 100000);
+  }
+
+  // Binds, then serves until shutdown() (from the signal thread). Returns false if it cannot bind.
+  bool run() {
+    routes();
+    const int threads = config_.http_threads;
+    http_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+    http_.set_payload_max_length(config_.max_body_bytes);
+    http_.set_keep_alive_timeout(5);
+    int port = config_.port;
+    if (port == 0) {
+      port = http_.bind_to_any_port(config_.host);
+      if (port <= 0) return false;
+    } else if (!http_.bind_to_port(config_.host, port)) {
+      return false;
+    }
+    worker_ = std::thread([this] { worker_loop(); });
+    std::fprintf(stderr, "dgemma serve: listening on http://%s:%d (model '%s', %d HTTP threads)\n", config_.host.c_str(),
+                 port, api_.model_id.c_str(), threads);
+    std::fflush(stderr);
+    http_.listen_after_bind();
+    stop_worker_ = true;
+    worker_.join();
+    return true;
+  }
+
+  // Graceful: new generation requests get 503 and /health says "draining"; requests in flight get
+  // up to --shutdown-timeout to finish, the rest are cancelled; then the listener closes.
+  void shutdown() {
+    draining_ = true;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(config_.shutdown_timeout);
+    std::fprintf(stderr, "dgemma serve: shutting down, %d requests in flight\n", in_flight_.load());
+    while (in_flight_.load() > 0 && Clock::now() < deadline && !force_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    {
+      std::lock_guard<std::mutex> lock(registry_mu_);
+      for (auto& [id, channel] : registry_) {
+        channel->abandoned = true;
+        batcher_.cancel(id);
+      }
+    }
+    const auto grace = Clock::now() + std::chrono::seconds(5);
+    while (in_flight_.load() > 0 && Clock::now() < grace) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    http_.stop();
+  }
+  void force() { force_ = true; }
+
+ private:
+  void worker_loop() {
+    while (!stop_worker_) {
+      bool worked = false;
+      try {
+        worked = batcher_.step();
+      } catch (const std::exception& e) {
+        // The batcher reports per-request failures through on_done; an exception here is a bug or
+        // an exhausted machine. Keep serving, and make it visible.
+        std::fprintf(stderr, "dgemma serve: worker: %s\n", e.what());
+        metrics_.worker_error();
+      }
+      if (!worked) batcher_.wait_for_work(std::chrono::milliseconds(50));
+    }
+  }
+
+  void routes() {
+    http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // /health and /metrics stay open for load balancers and scrapers; the API needs the key.
+      if (config_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string bearer = "Bearer ";
+      if (auth.rfind(bearer, 0) == 0 && same_secret(auth.substr(bearer.size()), config_.api_key)) {
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
+      send_error(res, ApiError(401, auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'" : "invalid API key",
+                               "", "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    http_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;  // a handler's own error JSON
+      if (res.status == 404) {
+        send_error(res, ApiError(404, "unknown route: " + req.method + " " + req.path, "", "unknown_route"));
+      } else if (res.status == 413) {
+        send_error(res, ApiError(413, "the request body exceeds " + std::to_string(config_.max_body_bytes) +
+                                          " bytes (--max-body-bytes)", "", "body_too_large"));
+      } else {
+        send_error(res, ApiError(res.status, "HTTP " + std::to_string(res.status) + " for " + req.method + " " + req.path));
+      }
+    });
+    http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "internal error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      send_error(res, ApiError(500, what, "", "internal_error"));
+    });
+    http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      metrics_.request(endpoint_label(req.path), res.status);
+    });
+
+    http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      const auto s = batcher_.stats();
+      json j{{"status", draining_ ? "draining" : "ok"}, {"model", api_.model_id}, {"queued", s.queued}, {"active", s.active}};
+      res.status = draining_ ? 503 : 200;
+      res.set_content(j.dump(), "application/json");
+    });
+    http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      const auto s = batcher_.stats();
+      serve::EngineGauges g;
+      g.queued = s.queued;
+      g.active = s.active;
+      g.bytes_in_use = s.bytes_in_use;
+      g.memory_budget = limits_.memory_budget_bytes;
+      g.last_batch = s.last_batch;
+      g.passes = s.passes;
+      g.denoise_rows = s.denoise_rows;
+      res.set_content(metrics_.render(g), "text/plain; version=0.0.4");
+    });
+    http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(), "application/json");
+    });
+    http_.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+      if (req.matches[1] != api_.model_id) {
+        send_error(res, ApiError(404, "the model '" + std::string(req.matches[1]) + "' does not exist", "model",
+                                 "model_not_found"));
+        return;
+      }
+      res.set_content(model_object().dump(), "application/json");
+    });
+    http_.Post("/v1/chat/completions",
+               [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, true); });
+    http_.Post("/v1/completions",
+               [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, false); });
+  }
+
+  json model_object() const {
+    return json{{"id", api_.model_id}, {"object", "model"}, {"created", created_}, {"owned_by", "dgemma"}};
+  }
+
+  // Text of ids; ids the tokenizer does not know show as <ID>.
+  std::string decode(const std::vector<std::int32_t>& ids) const { return decode_known(*tok_, ids); }
+
+  std::vector<std::int32_t> prompt_ids(const serve::GenerationRequest& r) const {
+    std::vector<int> ids;
+    if (r.chat) {
+      std::vector<dg::io::ChatMessage> msgs;
+      for (const auto& m : r.messages) msgs.push_back({m.role, m.content});
+      ids = dg::io::encode_chat(*tok_, msgs, dg::io::ChatOptions{});
+    } else {
+      ids = tok_->encode(r.prompt);
+      // Raw text starts with <bos> whether or not tokenizer.json's post-processor adds it (as `dgemma generate`).
+      if (ids.empty() || ids[0] != model_->config().bos_token_id) ids.insert(ids.begin(), model_->config().bos_token_id);
+    }
+    std::vector<std::int32_t> out;
+    for (int id : ids) {
+      if (id < 0 || id >= model_->config().vocab_size) {
+        throw ApiError(500, "the tokenizer produced id " + std::to_string(id) + ", outside the model's vocabulary");
+      }
+      out.push_back(id);
+    }
+    return out;
+  }
+
+  // The request's options over the checkpoint's, checked the way the batcher will check them, so
+  // that each refusal names the request field at fault.
+  Options options_for(const serve::GenerationRequest& r, std::int64_t prompt_length) const {
+    Options o = defaults_;
+    o.scheduler.max_new_tokens = r.max_tokens;
+    o.sampler.rng.seed = r.seed;
+    o.memory_budget_bytes = limits_.memory_budget_bytes;
+    const auto& s = r.sampler;
+    if (s.max_denoising_steps) o.sampler.max_denoising_steps = *s.max_denoising_steps;
+    if (s.t_min) o.sampler.schedule.t_min = *s.t_min;
+    if (s.t_max) o.sampler.schedule.t_max = *s.t_max;
+    if (s.entropy_bound) o.sampler.acceptance.entropy_bound = *s.entropy_bound;
+    if (s.stability_threshold) o.sampler.stopping.stability_threshold = *s.stability_threshold;
+    if (s.confidence_threshold) o.sampler.stopping.confidence_threshold = *s.confidence_threshold;
+    if (!(o.sampler.schedule.t_max > o.sampler.schedule.t_min)) {
+      throw ApiError(400, "'dgemma.t_max' must be greater than 'dgemma.t_min' (t_min " +
+                              std::to_string(o.sampler.schedule.t_min) + ", t_max " +
+                              std::to_string(o.sampler.schedule.t_max) + ")",
+                     s.t_max ? "dgemma.t_max" : "dgemma.t_min", "invalid_value");
+    }
+    const dg::Status st = Sampler::can_implement(o.sampler);
+    if (!st.ok()) throw ApiError(400, "dgemma: " + st.message(), "dgemma", "invalid_value");
+    const auto& cfg = model_->config();
+    const char* prompt_param = r.chat ? "messages" : "prompt";
+    try {
+      const auto plan = Scheduler::plan(o.scheduler, cfg, prompt_length);
+      if (limits_.memory_budget_bytes > 0) {
+        const std::size_t need = engine_.request_bytes(plan.cache_capacity, prompt_length, cfg.canvas_length);
+        if (need > limits_.memory_budget_bytes) {
+          throw ApiError(400, "the request needs " + std::to_string(need >> 20) + " MiB of KV cache and workspace (" +
+                                  std::to_string(prompt_length) + " prompt tokens + " + std::to_string(r.max_tokens) +
+                                  " new) but the memory budget is " + std::to_string(limits_.memory_budget_bytes >> 20) +
+                                  " MiB",
+                         "max_tokens", "context_length_exceeded");
+        }
+      }
+    } catch (const dg::Error& e) {
+      const bool prompt_alone = prompt_length + cfg.canvas_length > cfg.max_position_embeddings;
+      throw ApiError(400, std::string(e.what()) + " (the prompt is " + std::to_string(prompt_length) + " tokens)",
+                     prompt_alone ? prompt_param : "max_tokens", "context_length_exceeded");
+    }
+    return o;
+  }
+
+  ApiError submit_error(const dg::Error& e) const {
+    const std::string what = e.what();
+    if (e.code() == dg::StatusCode::kOutOfRange && what.find("queue") != std::string::npos) {
+      return ApiError(429, "the server is busy: " + what + "; retry later", "", "queue_full");
+    }
+    if (e.code() == dg::StatusCode::kInvalidArgument || e.code() == dg::StatusCode::kOutOfRange) {
+      return ApiError(400, what, "", e.code() == dg::StatusCode::kOutOfRange ? "context_length_exceeded" : "invalid_value");
+    }
+    return ApiError(500, what, "", "internal_error");
+  }
+
+  // Everything a request's handler (and, for a stream, its content provider) needs.
+  struct Job {
+    Batcher::RequestId id = 0;
+    std::shared_ptr<serve::Channel> channel;
+    std::unique_ptr<serve::TextAssembler> text;
+    std::unique_ptr<serve::ResponseShape> shape;
+    serve::GenerationRequest request;
+    int prompt_tokens = 0;
+    Clock::time_point arrived;
+    bool first_chunk = false;
+    bool role_sent = false;
+    bool finished = false;
+    std::string endpoint;
+  };
+
+  void generation(const httplib::Request& req, httplib::Response& res, bool chat) {
+    auto job = std::make_shared<Job>();
+    job->arrived = Clock::now();
+    job->endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+    try {
+      if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+      job->request = chat ? serve::parse_chat_request(req.body, api_) : serve::parse_completion_request(req.body, api_);
+      const auto prompt = prompt_ids(job->request);
+      job->prompt_tokens = static_cast<int>(prompt.size());
+      Options o = options_for(job->request, job->prompt_tokens);
+      job->channel = std::make_shared<serve::Channel>();
+      job->text = std::make_unique<serve::TextAssembler>([this](const std::vector<std::int32_t>& ids) { return decode(ids); },
+                                                         job->request.stop, job->request.max_tokens);
+      const std::uint64_t n = ++request_counter_;
+      job->shape = std::make_unique<serve::ResponseShape>(
+          chat, (chat ? "chatcmpl-" : "cmpl-") + id_prefix_ + "-" + std::to_string(n), static_cast<std::int64_t>(std::time(nullptr)),
+          api_.model_id);
+      job->id = submit(prompt, o, job->channel, job->request.stream_drafts);
+    } catch (const ApiError& e) {
+      send_error(res, e);
+      return;
+    } catch (const dg::Error& e) {
+      send_error(res, submit_error(e));
+      return;
+    }
+    ++in_flight_;
+    {
+      std::lock_guard<std::mutex> lock(registry_mu_);
+      registry_[job->id] = job->channel;
+    }
+    if (job->request.stream) {
+      res.set_header("Cache-Control", "no-cache");
+      res.set_header("X-Accel-Buffering", "no");  // nginx: pass each chunk on at once
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [this, job](std::size_t, httplib::DataSink& sink) { return stream_some(*job, sink); },
+          [this, job](bool) { finish(*job); });
+      return;
+    }
+    try {
+      answer(*job, res);
+    } catch (...) {
+      finish(*job);
+      throw;
+    }
+    finish(*job);
+  }
+
+  Batcher::RequestId submit(const std::vector<std::int32_t>& prompt, const Options& o,
+                            const std::shared_ptr<serve::Channel>& channel, bool drafts) {
+    Batcher::Request br;
+    br.prompt = prompt;
+    br.options = o;
+    // These run on the worker thread: copy what the handler needs and return at once.
+    br.callbacks.on_step = [channel, drafts](const dg::StepEvent& e) {
+      if (channel->abandoned) return false;
+      if (drafts) {
+        serve::Event ev;
+        ev.kind = serve::Event::Kind::kDraft;
+        ev.canvas = e.record.canvas;
+        ev.step = e.record.step;
+        ev.accepted = e.record.accepted;
+        ev.tokens.assign(e.draft, e.draft + e.length);
+        channel->push(std::move(ev));
+      }
+      return true;
+    };
+    br.callbacks.on_commit = [channel](const dg::CommitEvent& e) {
+      if (channel->abandoned) return false;
+      serve::Event ev;
+      ev.kind = serve::Event::Kind::kCommit;
+      ev.canvas = e.record.canvas;
+      ev.step = e.record.steps;
+      ev.tokens.assign(e.tokens, e.tokens + e.valid_tokens);
+      ev.stop_token = e.record.stop_token;
+      ev.last = e.final;
+      channel->push(std::move(ev));
+      return true;
+    };
+    br.on_done = [this, channel](const dg::GenerationResult& r, const dg::Status& s) {
+      if (r.forwards > 0) {  // cancelled ones too: a stop sequence or a disconnect still cost these tokens
+        std::vector<int> steps;
+        for (const auto& c : r.canvases) steps.push_back(c.steps);
+        metrics_.generation(static_cast<std::int64_t>(r.text_tokens().size()), steps, r.tokens_per_forward);
+      }
+      serve::Event ev;
+      ev.kind = serve::Event::Kind::kDone;
+      ev.status = s;
+      channel->push(std::move(ev));
+    };
+    return batcher_.submit(std::move(br));
+  }
+
+  // A request's text is complete (or it was cut short): stop its generation if it still runs.
+  void stop_generation(Job& job) {
+    job.channel->abandoned = true;
+    batcher_.cancel(job.id);
+  }
+
+  void first_chunk(Job& job) {
+    if (job.first_chunk) return;
+    job.first_chunk = true;
+    metrics_.first_chunk(seconds_since(job.arrived));
+  }
+
+  ApiError failure(const dg::Status& s) const {
+    if (s.code() == dg::StatusCode::kCancelled) {
+      return ApiError(503, draining_ ? "the server shut down before the request finished" : "the request was cancelled", "",
+                      "cancelled");
+    }
+    return ApiError(500, "generation failed: " + s.message(), "", "internal_error");
+  }
+
+  // Without "stream": wait for the whole answer.
+  void answer(Job& job, httplib::Response& res) {
+    for (;;) {
+      auto ev = job.channel->pop(std::chrono::milliseconds(1000));
+      if (!ev || ev->kind == serve::Event::Kind::kDraft) continue;
+      if (ev->kind == serve::Event::Kind::kDone) {
+        send_error(res, failure(ev->status.ok() ? dg::Status(dg::StatusCode::kInternal, "no final canvas") : ev->status));
+        return;
+      }
+      first_chunk(job);
+      const auto d = job.text->add(ev->tokens.data(), static_cast<int>(ev->tokens.size()), ev->stop_token, ev->last);
+      if (!d.finished) continue;
+      if (!ev->last) stop_generation(job);
+      const json usage = serve::ResponseShape::usage(job.prompt_tokens, job.text->completion_tokens());
+      res.set_content(serve::dump_json(job.shape->answer(job.text->text(), d.finish_reason, usage)), "application/json");
+      job.finished = true;
+      return;
+    }
+  }
+
+  // One call of the stream's content provider: writes the next chunk (or a heartbeat). Returning
+  // false ends the response; a failed write means that the client has gone.
+  bool stream_some(Job& job, httplib::DataSink& sink) {
+    const auto send = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
+    if (job.request.chat && !job.role_sent) {
+      job.role_sent = true;  // OpenAI's first chunk: the role, no content
+      return send(serve::sse_data(job.shape->chunk("", nullptr, /*role=*/true)));
+    }
+    auto ev = job.channel->pop(config_.heartbeat);
+    if (!ev) return send(serve::sse_comment("keep-alive"));
+    if (ev->kind == serve::Event::Kind::kDraft) {
+      json chunk = job.shape->empty_chunk();
+      chunk["dgemma"] = json{{"draft", json{{"canvas", ev->canvas},
+                                            {"step", ev->step},
+                                            {"accepted", ev->accepted},
+                                            {"text", decode(ev->tokens)},
+                                            {"tokens", ev->tokens}}}};
+      return send(serve::sse_data(chunk));
+    }
+    if (ev->kind == serve::Event::Kind::kDone) {
+      // Ended without its last canvas: cancelled by a shutdown, or failed. OpenAI streams an error
+      // object as a data event; its clients raise it.
+      job.finished = true;
+      const bool ok = send(serve::sse_data(failure(ev->status.ok() ? dg::Status(dg::StatusCode::kInternal, "no final canvas")
+                                                                  : ev->status)
+                                               .body())) &&
+                      send(serve::sse_done());
+      sink.done();
+      return ok;
+    }
+    first_chunk(job);
+    const auto d = job.text->add(ev->tokens.data(), static_cast<int>(ev->tokens.size()), ev->stop_token, ev->last);
+    json chunk = job.shape->chunk(d.text, d.finished ? d.finish_reason : nullptr);
+    chunk["dgemma"] = json{{"canvas", ev->canvas}, {"steps", ev->step}};
+    if (!d.finished) return send(serve::sse_data(chunk));
+    if (!ev->last) stop_generation(job);
+    const json usage = serve::ResponseShape::usage(job.prompt_tokens, job.text->completion_tokens());
+    chunk["usage"] = usage;
+    job.finished = true;
+    bool ok = send(serve::sse_data(chunk));
+    if (ok && job.request.include_usage) ok = send(serve::sse_data(job.shape->usage_chunk(usage)));
+    ok = ok && send(serve::sse_done());
+    sink.done();
+    return ok;
+  }
+
+  // Called once per accepted request when its response is over, however it ended.
+  void finish(Job& job) {
+    if (!job.finished) {
+      stop_generation(job);
+      metrics_.disconnect();
+    }
+    metrics_.latency(job.endpoint, seconds_since(job.arrived));
+    {
+      std::lock_guard<std::mutex> lock(registry_mu_);
+      registry_.erase(job.id);
+    }
+    --in_flight_;
+  }
+
+  std::shared_ptr<const dg::cpu::Model> model_;
+  std::unique_ptr<dg::io::Tokenizer> tok_;
+  Engine engine_;
+  Batcher batcher_;
+  Batcher::Limits limits_;
+  ServeConfig config_;
+  Options defaults_;
+  serve::ApiLimits api_;
+  std::int64_t created_;
+  std::string id_prefix_;
+  serve::Metrics metrics_;
+  httplib::Server http_;
+  std::thread worker_;
+  std::atomic<bool> stop_worker_{false}, draining_{false}, force_{false};
+  std::atomic<int> in_flight_{0};
+  std::atomic<std::uint64_t> request_counter_{0};
+  std::mutex registry_mu_;
+  std::map<Batcher::RequestId, std::shared_ptr<serve::Channel>> registry_;
+};
+
+}  // namespace
+
+int cmd_serve(const std::vector<std::string>& args) {
+  std::vector<FlagSpec> specs = {
+      {"model", "DIR", "checkpoint directory with tokenizer.json (default: the bundled model, models/dg-tiny-tasks)"},
+      {"model-name", "NAME", "the model id clients send (default: the directory's name)"},
+      {"host", "ADDR", "address to bind (default 127.0.0.1: loopback only)"},
+      {"port", "N", "TCP port (default 8080; 0: any free port, printed at start)"},
+      {"max-batch", "N", "requests denoised together at most (default 16)"},
+      {"max-queue", "N", "accepted requests waiting for a slot at most; beyond: 429 (default 64)"},
+      {"memory-budget", "MIB", "KV caches and workspace of all requests together, beyond the weights (default: no limit)"},
+      {"api-key", "KEY", "require 'Authorization: Bearer KEY' on /v1/ (default: $DGEMMA_API_KEY, else none)"},
+      {"max-body-bytes", "N", "largest request body accepted; beyond: 413 (default 1048576)"},
+      {"http-threads", "N", "connections served at once (default: max-batch + max-queue + 8)"},
+      {"shutdown-timeout", "S", "on SIGINT/SIGTERM, seconds that requests in flight get to finish (default 10)"},
+      {"check-weights", "", "scan every weight for NaN/Inf at load"},
+  };
+  for (auto& spec : engine_flag_specs(dg::cpu::precision_name(dg::cpu::EngineOptions{}.precision))) specs.push_back(spec);
+  Flags f("serve",
+          "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions, POST /v1/completions,\n"
+          "GET /v1/models, GET /health, GET /metrics (docs/serving.md). SIGINT/SIGTERM drain and stop it.",
+          specs);
+  if (!f.parse(args)) {
+    std::cout << f.usage();
+    return 0;
+  }
+  ServeConfig config;
+  config.host = f.str("host", config.host);
+  config.port = static_cast<int>(f.integer("port", 8080, 0, 65535));
+  Batcher::Limits limits;
+  limits.max_batch = static_cast<int>(f.integer("max-batch", 16, 1, 4096));
+  limits.max_queue = static_cast<std::size_t>(f.integer("max-queue", 64, 1, 1 << 20));
+  limits.memory_budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
+  const char* env_key = std::getenv("DGEMMA_API_KEY");
+  config.api_key = f.str("api-key", env_key ? env_key : "");
+  if (f.has("api-key") && config.api_key.empty()) throw UsageError("--api-key must not be empty");
+  config.max_body_bytes = static_cast<std::size_t>(f.integer("max-body-bytes", 1 << 20, 1024, 1ll << 32));
+  config.http_threads = static_cast<int>(f.integer(
+      "http-threads", limits.max_batch + static_cast<std::int64_t>(limits.max_queue) + 8, 2, 4096));
+  config.shutdown_timeout = f.number("shutdown-timeout", 10.0, 0.0, 3600.0);
+  const auto engine_options = dgemma::engine_options(f, dg::cpu::EngineOptions{}.precision);
+
+  // SIGINT/SIGTERM go to one thread (blocked everywhere else, before any thread starts, OpenMP's
+  // included); a write to a closed socket must fail with EPIPE rather than kill the server.
+  std::signal(SIGPIPE, SIG_IGN);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::atomic<Server*> server{nullptr};
+  std::atomic<bool> done{false};
+  std::thread signal_thread([&] {
+    std::thread drain;  // shutdown() waits for requests in flight; a second signal must still be seen
+    while (!done) {
+      timespec wait{0, 200 * 1000 * 1000};
+      const int sig = sigtimedwait(&signals, nullptr, &wait);
+      if (sig <= 0) continue;
+      Server* s = server.load();
+      if (s == nullptr) std::_Exit(128 + sig);  // still loading: nothing to drain
+      if (!drain.joinable()) {
+        drain = std::thread([s] { s->shutdown(); });
+      } else {
+        s->force();  // a second signal: cancel what is left now
+      }
+    }
+    if (drain.joinable()) drain.join();
+  });
+  // The signal thread (and a drain it started) must end before the Server it points to is destroyed.
+  struct JoinOnExit {
+    std::thread& t;
+    std::atomic<bool>& done;
+    void operator()() {
+      done = true;
+      if (t.joinable()) t.join();
+    }
+    ~JoinOnExit() { (*this)(); }
+  } join_signal_thread{signal_thread, done};
+
+  const std::string dir = f.str("model", DG_DEFAULT_MODEL_DIR);
+  auto model = load_model(dir, f.flag("check-weights"));
+  if (!model->config().is_diffusion()) throw UsageError(dir + " is not a DiffusionGemma checkpoint (model_type diffusion_gemma)");
+  const std::string tok_path = dir + "/tokenizer.json";
+  if (::access(tok_path.c_str(), F_OK) != 0) {
+    throw dg::Error(dg::StatusCode::kNotFound, tok_path + " does not exist: the server needs the model's tokenizer");
+  }
+  auto tok = std::make_unique<dg::io::Tokenizer>(dg::io::Tokenizer::from_file(tok_path));
+  std::string name = f.str("model-name");
+  if (name.empty()) {
+    std::string d = dir;
+    while (d.size() > 1 && d.back() == '/') d.pop_back();
+    const auto slash = d.rfind('/');
+    name = slash == std::string::npos ? d : d.substr(slash + 1);
+  }
+  auto s = std::make_unique<Server>(model, std::move(tok), engine_options, limits, config, name);
+  server = s.get();
+  const bool listened = s->run();
+  join_signal_thread();
+  if (!listened) {
+    throw dg::Error(dg::StatusCode::kIoError, "cannot listen on " + config.host + ":" + std::to_string(config.port) +
+                                                  " (in use, or not an address of this machine)");
+  }
+  std::fprintf(stderr, "dgemma serve: stopped\n");
+  return 0;
+}
+
+}  // namespace dgemma
