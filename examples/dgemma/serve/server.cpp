@@ -28,6 +28,7 @@
 #include <diffusion_gemma/cpu/engine.hpp>
 #include <diffusion_gemma/io/chat_format.hpp>
 #include <diffusion_gemma/io/tokenizer.hpp>
+#include <diffusion_gemma/runtime/batcher.hpp>
 #include <diffusion_gemma/runtime/decoder.hpp>
 
 #include "../commands.hpp"
@@ -36,7 +37,6 @@
 #include "channel.hpp"
 #include "metrics.hpp"
 #include "responses.hpp"
-#include "serial_batcher.hpp"
 #include "sse.hpp"
 #include "text_stream.hpp"
 
@@ -51,7 +51,7 @@ namespace dg = diffusion_gemma;
 namespace {
 
 using Engine = dg::cpu::Engine<dg::DiffusionGemmaBackbone>;
-using Batcher = serve::SerialBatcher<Engine>;
+using Batcher = dg::ContinuousBatcher<Engine>;
 using Options = Batcher::Options;
 using Scheduler = dg::CanvasScheduler<>;
 using Sampler = dg::ReferenceSampler;
@@ -132,6 +132,7 @@ class Server {
     std::fflush(stderr);
     http_.listen_after_bind();
     stop_worker_ = true;
+    batcher_.interrupt();
     worker_.join();
     return true;
   }
@@ -300,17 +301,7 @@ class Server {
     const auto& cfg = model_->config();
     const char* prompt_param = r.chat ? "messages" : "prompt";
     try {
-      const auto plan = Scheduler::plan(o.scheduler, cfg, prompt_length);
-      if (limits_.memory_budget_bytes > 0) {
-        const std::size_t need = engine_.request_bytes(plan.cache_capacity, prompt_length, cfg.canvas_length);
-        if (need > limits_.memory_budget_bytes) {
-          throw ApiError(400, "the request needs " + std::to_string(need >> 20) + " MiB of KV cache and workspace (" +
-                                  std::to_string(prompt_length) + " prompt tokens + " + std::to_string(r.max_tokens) +
-                                  " new) but the memory budget is " + std::to_string(limits_.memory_budget_bytes >> 20) +
-                                  " MiB",
-                         "max_tokens", "context_length_exceeded");
-        }
-      }
+      (void)Scheduler::plan(o.scheduler, cfg, prompt_length);
     } catch (const dg::Error& e) {
       const bool prompt_alone = prompt_length + cfg.canvas_length > cfg.max_position_embeddings;
       throw ApiError(400, std::string(e.what()) + " (the prompt is " + std::to_string(prompt_length) + " tokens)",
@@ -321,12 +312,11 @@ class Server {
 
   ApiError submit_error(const dg::Error& e) const {
     const std::string what = e.what();
-    if (e.code() == dg::StatusCode::kOutOfRange && what.find("queue") != std::string::npos) {
-      return ApiError(429, "the server is busy: " + what + "; retry later", "", "queue_full");
-    }
-    if (e.code() == dg::StatusCode::kInvalidArgument || e.code() == dg::StatusCode::kOutOfRange) {
-      return ApiError(400, what, "", e.code() == dg::StatusCode::kOutOfRange ? "context_length_exceeded" : "invalid_value");
-    }
+    if (e.code() == dg::StatusCode::kUnavailable) return ApiError(429, "the server is busy: " + what, "", "queue_full");
+    // The positions were checked before submitting: an out-of-range request here needs more
+    // memory than the whole --memory-budget.
+    if (e.code() == dg::StatusCode::kOutOfRange) return ApiError(400, what, "max_tokens", "request_too_large");
+    if (e.code() == dg::StatusCode::kInvalidArgument) return ApiError(400, what, "", "invalid_value");
     return ApiError(500, what, "", "internal_error");
   }
 

@@ -1,0 +1,284 @@
+// SPDX-License-Identifier: Apache-2.0
+// `dgemma serve`'s HTTP contract (docs/serving.md), against the real program on the bundled
+// model, over loopback: answers equal `dgemma generate` for the same seed, streams equal whole
+// answers, the extension's drafts stay out of the content, stop sequences, every error case in
+// OpenAI's error JSON, the API key, a client hanging up mid-stream, overload (429), metrics, and a
+// graceful SIGTERM.
+//   dg_serve_tests DGEMMA MODEL_DIR
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "serve_harness.hpp"
+
+using namespace serve_test;
+
+namespace {
+
+std::string g_dgemma, g_model;
+const std::string kModelId = "dg-tiny-tasks";
+
+// `dgemma generate --json` for the same prompt and seed: the reference for the server's answers.
+json generate_json(const std::vector<std::string>& args) {
+  std::string cmd = g_dgemma + " generate --model " + g_model + " --json --no-view --threads 1";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return json::parse(out);
+}
+
+void expect_error(const Reply& r, int status, const std::string& param, const std::string& code, const std::string& what) {
+  CHECK(r.status == status, what + ": status " + std::to_string(r.status) + " body " + r.body);
+  json j;
+  try {
+    j = json::parse(r.body);
+  } catch (...) {
+    CHECK(false, what + ": body is not JSON: " + r.body);
+    return;
+  }
+  CHECK(j.contains("error") && j["error"].is_object(), what + ": no error object: " + r.body);
+  if (!j.contains("error")) return;
+  const json& e = j["error"];
+  CHECK(e.contains("message") && e["message"].is_string() && !e["message"].get<std::string>().empty(), what + ": " + r.body);
+  CHECK(e.contains("type") && e["type"].is_string(), what + ": " + r.body);
+  CHECK(e.contains("param") && e.contains("code"), what + ": " + r.body);
+  if (!param.empty()) CHECK(e["param"] == param, what + ": param " + e["param"].dump());
+  if (!code.empty()) CHECK(e["code"] == code, what + ": code " + e["code"].dump());
+}
+
+std::string chat_body(const std::string& content, const std::string& extra = "") {
+  return R"({"model":")" + kModelId + R"(","messages":[{"role":"user","content":")" + content + "\"}]" + extra + "}";
+}
+
+void contract(int port) {
+  // Discovery.
+  auto health = get(port, "/health");
+  CHECK(health.status == 200 && json::parse(health.body)["status"] == "ok", health.body);
+  auto models = get(port, "/v1/models");
+  CHECK(models.status == 200 && json::parse(models.body)["data"][0]["id"] == kModelId, models.body);
+  expect_error(get(port, "/v1/models/other"), 404, "model", "model_not_found", "unknown model id");
+
+  // A chat answer equals `dgemma generate --chat` with the same seed.
+  const json ref = generate_json({"--chat", "--prompt", "Add: 417 + 385", "--seed", "7"});
+  auto chat = post(port, "/v1/chat/completions", chat_body("Add: 417 + 385", R"(,"seed":7)"));
+  CHECK(chat.status == 200, chat.body);
+  const json c = json::parse(chat.body);
+  CHECK(c["object"] == "chat.completion", chat.body);
+  CHECK(c["choices"][0]["message"]["role"] == "assistant", chat.body);
+  CHECK(c["choices"][0]["message"]["content"] == ref["text"], chat.body + " vs generate " + ref.dump());
+  CHECK(c["choices"][0]["finish_reason"] == "stop", chat.body);
+  CHECK(c["usage"]["completion_tokens"] == ref["tokens"].size(), chat.body);
+  CHECK(c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"].get<int>() + c["usage"]["completion_tokens"].get<int>(),
+        chat.body);
+
+  // A completion cut by max_tokens: "length", exactly max_tokens tokens, the prefix of generate's text.
+  const json ref2 = generate_json({"--prompt", "Sort ascending: 93 44 60 89 20", "--seed", "3", "--max-new-tokens", "32"});
+  const std::string comp_body =
+      R"({"model":")" + kModelId + R"(","prompt":"Sort ascending: 93 44 60 89 20","seed":3,"max_tokens":20)";
+  auto comp = post(port, "/v1/completions", comp_body + "}");
+  CHECK(comp.status == 200, comp.body);
+  const json cj = json::parse(comp.body);
+  CHECK(cj["object"] == "text_completion", comp.body);
+  CHECK(cj["choices"][0]["finish_reason"] == "length", comp.body);
+  CHECK(cj["usage"]["completion_tokens"] == 20, comp.body);
+  const std::string full = ref2["text"].get<std::string>();
+  const std::string text = cj["choices"][0]["text"].get<std::string>();
+  CHECK(!text.empty() && full.compare(0, text.size(), text) == 0, "'" + text + "' is not a prefix of '" + full + "'");
+
+  // Streaming: role first, one chunk per canvas, content equal to the whole answer, usage last, [DONE].
+  auto st = post(port, "/v1/chat/completions", chat_body("Add: 417 + 385", R"(,"seed":7,"stream":true,"stream_options":{"include_usage":true})"));
+  CHECK(st.status == 200 && st.done, st.body);
+  CHECK(!st.events.empty() && st.events[0]["choices"][0]["delta"]["role"] == "assistant", st.body);
+  CHECK(stream_text(st) == ref["text"], stream_text(st) + " vs " + ref["text"].dump());
+  CHECK(stream_finish(st) == "stop", st.body);
+  CHECK(stream_usage(st)["completion_tokens"] == ref["tokens"].size(), st.body);
+  CHECK(!st.events.empty() && st.events.back()["choices"].empty(), "include_usage: last chunk has no choices");
+
+  // A longer stream: canvases arrive as separate chunks whose concatenation is the whole answer.
+  auto whole = post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":"Sort ascending: 93 44 60 89 20","seed":3,"max_tokens":48})");
+  auto parts = post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":"Sort ascending: 93 44 60 89 20","seed":3,"max_tokens":48,"stream":true})");
+  CHECK(whole.status == 200 && parts.status == 200 && parts.done, parts.body);
+  CHECK(stream_text(parts) == json::parse(whole.body)["choices"][0]["text"], parts.body + "\nvs\n" + whole.body);
+  int content_chunks = 0;
+  for (const auto& e : parts.events) content_chunks += e.contains("dgemma") && e["dgemma"].contains("canvas");
+  CHECK(content_chunks == 3, "48 tokens in 16-token canvases: 3 chunks, got " + std::to_string(content_chunks));
+
+  // Drafts (opt-in): in the "dgemma" field of chunks with an empty delta; the content is unchanged.
+  auto dr = post(port, "/v1/chat/completions",
+                 chat_body("Add: 417 + 385", R"(,"seed":7,"stream":true,"dgemma":{"stream_drafts":true}})"));
+  int drafts = 0;
+  for (const auto& e : dr.events) {
+    if (e.contains("dgemma") && e["dgemma"].contains("draft")) {
+      ++drafts;
+      CHECK(e["choices"][0]["delta"].empty(), "a draft chunk carries content: " + e.dump());
+      CHECK(e["dgemma"]["draft"]["tokens"].size() == 16, e.dump());
+    }
+  }
+  CHECK(drafts >= 1, dr.body);
+  CHECK(stream_text(dr) == ref["text"], "drafts changed the content: " + stream_text(dr));
+
+  // Stop sequences: cut before the match, finish_reason "stop", streamed and whole alike.
+  const std::string stop_body = R"({"model":")" + kModelId + R"(","prompt":"Sort ascending: 93 44 60 89 20","seed":3,"max_tokens":48,"stop":[" 60","zzz"])";
+  auto sw = post(port, "/v1/completions", stop_body + "}");
+  auto ss = post(port, "/v1/completions", stop_body + R"(,"stream":true})");
+  const std::string unstopped = json::parse(whole.body)["choices"][0]["text"].get<std::string>();
+  const std::string stopped = json::parse(sw.body)["choices"][0]["text"].get<std::string>();
+  CHECK(unstopped.find(" 60") != std::string::npos, "the reference text should contain the stop sequence: " + unstopped);
+  CHECK(stopped == unstopped.substr(0, unstopped.find(" 60")), stopped + " vs " + unstopped);
+  CHECK(json::parse(sw.body)["choices"][0]["finish_reason"] == "stop", sw.body);
+  CHECK(stream_text(ss) == stopped && stream_finish(ss) == "stop", ss.body);
+
+  // Errors: OpenAI's error JSON, the field at fault named.
+  expect_error(post(port, "/v1/chat/completions", "{\"model\": "), 400, "", "invalid_json", "malformed JSON");
+  expect_error(post(port, "/v1/chat/completions", "[1,2]"), 400, "", "invalid_json", "not an object");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_tokens":"ten")")), 400, "max_tokens",
+               "invalid_type", "wrong type");
+  expect_error(post(port, "/v1/chat/completions", R"({"model":")" + kModelId + R"(","messages":"hi"})"), 400, "messages",
+               "invalid_type", "messages not an array");
+  expect_error(post(port, "/v1/chat/completions", R"({"model":")" + kModelId + R"(","messages":[{"role":"user","content":5}]})"),
+               400, "messages[0].content", "invalid_type", "content not a string");
+  expect_error(post(port, "/v1/chat/completions", R"({"model":"gpt-4","messages":[{"role":"user","content":"hi"}]})"), 404,
+               "model", "model_not_found", "unknown model");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_token":5)")), 400, "max_token",
+               "unknown_parameter", "unknown field");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"dgemma":{"t_mn":0.1})")), 400, "dgemma.t_mn",
+               "unknown_parameter", "unknown extension field");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"dgemma":{"t_min":0.9,"t_max":0.5})")), 400,
+               "dgemma.t_max", "invalid_value", "t_max <= t_min");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"n":2)")), 400, "n", "invalid_value", "n != 1");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"temperature":0.2)")), 400, "temperature",
+               "invalid_value", "temperature");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_tokens":0)")), 400, "max_tokens",
+               "invalid_value", "max_tokens 0");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_tokens":-3)")), 400, "max_tokens",
+               "invalid_value", "max_tokens < 0");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_tokens":100000)")), 400, "max_tokens",
+               "invalid_value", "max_tokens beyond the positions");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_tokens":500)")), 400, "max_tokens",
+               "context_length_exceeded", "prompt + max_tokens beyond the positions");
+  std::string long_prompt;
+  for (int i = 0; i < 300; ++i) long_prompt += "one two ";
+  expect_error(post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":")" + long_prompt + "\"}"), 400,
+               "prompt", "context_length_exceeded", "prompt too long");
+  expect_error(post(port, "/v1/chat/completions", chat_body(std::string(70000, 'a'))), 413, "", "body_too_large",
+               "body over --max-body-bytes");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"stream":"yes")")), 400, "stream", "invalid_type",
+               "stream not a boolean");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"stop":[1])")), 400, "stop[0]", "invalid_type",
+               "stop not strings");
+  expect_error(get(port, "/v1/nothing"), 404, "", "unknown_route", "unknown route");
+  // Still serving after all that.
+  auto again = post(port, "/v1/chat/completions", chat_body("Add: 417 + 385", R"(,"seed":7)"));
+  CHECK(again.status == 200 && json::parse(again.body)["choices"][0]["message"]["content"] == ref["text"], again.body);
+
+  // A client that hangs up mid-stream: its request is cancelled and its slot freed.
+  const std::string long_stream = R"({"model":")" + kModelId +
+                                  R"(","prompt":"Sort ascending: 5 3","max_tokens":400,"stream":true,"dgemma":{"stability_threshold":100000}})";
+  auto gone = post(port, "/v1/completions", long_stream, "", 200);
+  CHECK(gone.body.size() >= 1, "the stream should have started");
+  bool freed = false;
+  for (int i = 0; i < 200 && !freed; ++i) {
+    const std::string m = get(port, "/metrics").body;
+    freed = metric(m, "dgemma_client_disconnects_total") >= 1 && metric(m, "dgemma_active_requests") == 0 &&
+            metric(m, "dgemma_queue_depth") == 0;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  CHECK(freed, "after a hang-up: " + get(port, "/metrics").body);
+
+  // Metrics: every family the docs list, and the statuses seen above.
+  const std::string m = get(port, "/metrics").body;
+  for (const char* name :
+       {"dgemma_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}",
+        "dgemma_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}",
+        "dgemma_requests_total{endpoint=\"/v1/chat/completions\",status=\"404\"}",
+        "dgemma_requests_total{endpoint=\"/v1/chat/completions\",status=\"413\"}", "dgemma_queue_depth",
+        "dgemma_active_requests", "dgemma_batch_size", "dgemma_generated_tokens_total",
+        "dgemma_denoising_steps_per_canvas_count", "dgemma_tokens_per_forward_count",
+        "dgemma_request_duration_seconds_count{endpoint=\"/v1/chat/completions\"}",
+        "dgemma_time_to_first_chunk_seconds_count", "dgemma_memory_in_use_bytes", "dgemma_client_disconnects_total"}) {
+    CHECK(metric(m, name) >= 0, std::string("missing metric ") + name);
+  }
+  CHECK(metric(m, "dgemma_generated_tokens_total") > 0, m);
+}
+
+void api_key_and_overload(const std::string& key) {
+  ServerProcess s(g_dgemma, {"--model", g_model, "--threads", "1", "--api-key", key, "--max-batch", "1", "--max-queue",
+                             "1", "--shutdown-timeout", "20"});
+  const int port = s.port();
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi")), 401, "", "invalid_api_key", "no API key");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi"), "wrong"), 401, "", "invalid_api_key", "wrong API key");
+  expect_error(get(port, "/v1/models", "wrong"), 401, "", "invalid_api_key", "wrong API key on /v1/models");
+  CHECK(get(port, "/health").status == 200, "/health needs no key");
+  auto ok = post(port, "/v1/chat/completions", chat_body("Add: 417 + 385"), key);
+  CHECK(ok.status == 200, ok.body);
+
+  // One running, one queued at most: the rest of a burst gets 429 in OpenAI's format, and nothing else breaks.
+  const std::string slow = R"({"model":")" + kModelId +
+                           R"(","prompt":"Sort ascending: 5 3","max_tokens":400,"dgemma":{"stability_threshold":100000}})";
+  std::vector<Reply> replies(6);
+  std::vector<std::thread> burst;
+  for (auto& r : replies) burst.emplace_back([&r, &slow, port, &key] { r = post(port, "/v1/completions", slow, key); });
+  for (auto& t : burst) t.join();
+  int ok200 = 0, busy = 0;
+  for (const auto& r : replies) {
+    if (r.status == 200) {
+      ++ok200;
+    } else {
+      expect_error(r, 429, "", "queue_full", "overload");
+      ++busy;
+    }
+  }
+  // At least the first is served; how many of the others queue depends on when the worker admits it.
+  CHECK(ok200 >= 1 && busy >= 1 && ok200 + busy == 6, "200: " + std::to_string(ok200) + ", 429: " + std::to_string(busy));
+
+  // SIGTERM with a stream in flight: it finishes (drain), then the server exits 0.
+  Reply drained;
+  std::thread stream([&] {
+    drained = post(port, "/v1/completions",
+                   R"({"model":")" + kModelId +
+                       R"(","prompt":"Sort ascending: 5 3","max_tokens":200,"stream":true,"dgemma":{"stability_threshold":100000}})",
+                   key);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const int rc = s.terminate(30);
+  stream.join();
+  CHECK(rc == 0, "exit code after SIGTERM: " + std::to_string(rc) + "\n" + s.log());
+  CHECK(drained.status == 200 && drained.done && stream_finish(drained) == "length",
+        "the stream in flight at SIGTERM: " + drained.body.substr(0, 400));
+  CHECK(s.log().find("dgemma serve: stopped") != std::string::npos, s.log());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: dg_serve_tests DGEMMA MODEL_DIR\n");
+    return 2;
+  }
+  g_dgemma = argv[1];
+  g_model = argv[2];
+  try {
+    {
+      ServerProcess s(g_dgemma, {"--model", g_model, "--threads", "1", "--max-body-bytes", "65536"});
+      contract(s.port());
+      const int rc = s.terminate(20);
+      CHECK(rc == 0, "exit code after SIGTERM: " + std::to_string(rc));
+      if (failures) std::fprintf(stderr, "server log:\n%s\n", s.log().c_str());
+    }
+    api_key_and_overload("sk-test-123");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "FAILED: %s\n", e.what());
+    return 1;
+  }
+  if (failures) {
+    std::fprintf(stderr, "%d checks failed\n", failures);
+    return 1;
+  }
+  std::printf("dgemma serve contract: all checks passed\n");
+  return 0;
+}

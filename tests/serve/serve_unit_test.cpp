@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+// The pure parts of `dgemma serve`: request checks (serve/api.hpp) and the text deltas of a stream
+// (serve/text_stream.hpp), with a byte-level fake tokenizer so that UTF-8 can split anywhere.
+#include "support/catch.hpp"
+
+#include <string>
+#include <vector>
+
+#include "serve/api.hpp"
+#include "serve/text_stream.hpp"
+
+using namespace dgemma::serve;
+
+namespace {
+
+// id = one byte; decoding replaces each byte of an incomplete or invalid sequence by U+FFFD, as a
+// byte-fallback tokenizer does.
+std::string fake_decode(const std::vector<std::int32_t>& ids) {
+  std::string bytes;
+  for (auto id : ids) bytes.push_back(static_cast<char>(id));
+  std::string out;
+  for (std::size_t i = 0; i < bytes.size();) {
+    const unsigned char c = static_cast<unsigned char>(bytes[i]);
+    const std::size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = need > 0 && i + need <= bytes.size();
+    for (std::size_t k = 1; ok && k < need; ++k) ok = (static_cast<unsigned char>(bytes[i + k]) & 0xc0) == 0x80;
+    if (ok) {
+      out.append(bytes, i, need);
+      i += need;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
+std::vector<std::int32_t> ids_of(const std::string& s) {
+  std::vector<std::int32_t> ids;
+  for (unsigned char c : s) ids.push_back(c);
+  return ids;
+}
+
+// Feeds `text` in canvases of `canvas` bytes; returns the concatenated deltas and the finish reason.
+std::pair<std::string, std::string> stream(const std::string& text, int canvas, std::vector<std::string> stops,
+                                           int max_tokens, bool ends_on_stop_id, std::vector<std::string>* deltas = nullptr) {
+  TextAssembler a(fake_decode, std::move(stops), max_tokens);
+  const auto ids = ids_of(text);
+  std::string out, reason;
+  for (std::size_t at = 0; at < ids.size(); at += static_cast<std::size_t>(canvas)) {
+    const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(canvas), ids.size() - at));
+    const bool last = at + static_cast<std::size_t>(n) >= ids.size();
+    const auto d = a.add(ids.data() + at, n, last && ends_on_stop_id, last);
+    if (deltas) deltas->push_back(d.text);
+    out += d.text;
+    if (d.finished) {
+      reason = d.finish_reason;
+      break;
+    }
+  }
+  return {out, reason};
+}
+
+ApiLimits limits() {
+  ApiLimits l;
+  l.model_id = "m";
+  l.default_max_tokens = 48;
+  l.max_tokens_limit = 512;
+  return l;
+}
+
+int status_of(const std::string& body, std::string* param = nullptr, bool chat = true) {
+  try {
+    chat ? parse_chat_request(body, limits()) : parse_completion_request(body, limits());
+  } catch (const ApiError& e) {
+    if (param) *param = e.param();
+    return e.status();
+  }
+  return 200;
+}
+
+}  // namespace
+
+TEST_CASE("serve: a UTF-8 character split across canvases is held back, never sent as U+FFFD", "[serve]") {
+  const std::string text = "caf\xC3\xA9 \xE2\x82\xAC 1 \xF0\x9F\x98\x80!";  // é, €, 😀
+  for (int canvas = 1; canvas <= 6; ++canvas) {
+    std::vector<std::string> deltas;
+    const auto [out, reason] = stream(text, canvas, {}, 1000, true, &deltas);
+    CHECK(out == text);
+    CHECK(reason == "stop");
+    for (const auto& d : deltas) CHECK(d.find("\xEF\xBF\xBD") == std::string::npos);
+  }
+}
+
+TEST_CASE("serve: stop sequences cut the text, also across canvases", "[serve]") {
+  for (int canvas = 1; canvas <= 7; ++canvas) {
+    std::vector<std::string> deltas;
+    const auto [out, reason] = stream("alpha beta END gamma", canvas, {"END", "zzz"}, 1000, false, &deltas);
+    CHECK(out == "alpha beta ");
+    CHECK(reason == "stop");
+    for (const auto& d : deltas) CHECK(d.find('E') == std::string::npos);
+  }
+  // A held-back prefix that turns out not to be a stop is sent later.
+  CHECK(stream("ab EN cd", 3, {"END"}, 1000, false).first == "ab EN cd");
+  // The earliest of two stop sequences wins.
+  CHECK(stream("one two three", 4, {"three", "two"}, 1000, false).first == "one ");
+}
+
+TEST_CASE("serve: max_tokens is a hard limit although canvases are whole", "[serve]") {
+  auto [out, reason] = stream("0123456789abcdef", 4, {}, 6, false);
+  CHECK(out == "012345");
+  CHECK(reason == "length");
+  // Exactly max_tokens, ending on a stop id: "stop".
+  std::tie(out, reason) = stream("0123", 4, {}, 4, true);
+  CHECK(out == "0123");
+  CHECK(reason == "stop");
+  // All canvases without a stop id: "length".
+  std::tie(out, reason) = stream("01234567", 4, {}, 100, false);
+  CHECK(reason == "length");
+}
+
+TEST_CASE("serve: request checks name the field at fault", "[serve]") {
+  std::string p;
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}]})") == 200);
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]})") == 200);
+  CHECK(status_of(R"({"model":"m","messages":[]})", &p) == 400);
+  CHECK(p == "messages");
+  CHECK(status_of(R"({"model":"x","messages":[{"role":"user","content":"hi"}]})", &p) == 404);
+  CHECK(p == "model");
+  CHECK(status_of(R"({"messages":[{"role":"user","content":"hi"}]})", &p) == 400);
+  CHECK(p == "model");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"tool","content":"hi"}]})", &p) == 400);
+  CHECK(p == "messages[0].role");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"a"},{"role":"system","content":"b"}]})", &p) == 400);
+  CHECK(p == "messages[1].role");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"max_completion_tokens":11})",
+                  &p) == 400);
+  CHECK(p == "max_completion_tokens");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"top_p":0.5})", &p) == 400);
+  CHECK(p == "top_p");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1,"top_p":1,"n":1})") == 200);
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-1})", &p) == 400);
+  CHECK(p == "seed");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stop":["a","b","c","d","e"]})", &p) == 400);
+  CHECK(p == "stop");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"dgemma":{"stream_drafts":true}})", &p) == 400);
+  CHECK(p == "dgemma.stream_drafts");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"dgemma":{"max_denoising_steps":0}})", &p) ==
+        400);
+  CHECK(p == "dgemma.max_denoising_steps");
+  CHECK(status_of(R"({"model":"m","prompt":["a","b"]})", &p, false) == 400);
+  CHECK(p == "prompt");
+  CHECK(status_of(R"({"model":"m","prompt":"x","echo":true})", &p, false) == 400);
+  CHECK(p == "echo");
+
+  const auto r = parse_chat_request(
+      R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":7,"seed":18446744073709551615,
+          "stop":"x","stream":true,"dgemma":{"t_min":0.1,"t_max":0.9,"max_denoising_steps":5,"stream_drafts":true}})",
+      limits());
+  CHECK(r.max_tokens == 7);
+  CHECK(r.seed == 18446744073709551615ull);
+  CHECK(r.stop == std::vector<std::string>{"x"});
+  CHECK(r.stream_drafts);
+  CHECK(*r.sampler.max_denoising_steps == 5);
+  CHECK(parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}]})", limits()).max_tokens == 48);
+}
