@@ -21,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kBudgetMib = 24;
+constexpr int kBudgetMib = 64;  // about 4 requests of the bundled model at once (each ~14 MiB), fewer than --max-batch
 constexpr long kAllowanceKib = 48 * 1024;  // HTTP thread stacks, allocator arenas, buffers
 const std::string kModelId = "dg-tiny-tasks";
 
@@ -29,6 +29,7 @@ enum class Kind { kWellFormed, kMalformed, kHangUp };
 
 struct Job {
   Kind kind = Kind::kWellFormed;
+  std::string path = "/v1/chat/completions";
   std::string body;
   // results
   Reply alone, loaded;
@@ -52,10 +53,13 @@ Job make_job(int i) {
     return j;
   }
   if (i % 16 == 9) {
+    // A raw prompt on which the bundled model (seed 0) writes every token without a stop id: long
+    // enough that the server must notice the hang-up before the stream would end.
     j.kind = Kind::kHangUp;
+    j.path = "/v1/completions";
     j.body = R"({"model":")" + kModelId +
-             R"(","messages":[{"role":"user","content":"Sort ascending: 1 2"}],"max_tokens":200,"stream":true,"seed":)" +
-             std::to_string(i) + R"(,"dgemma":{"stability_threshold":100000}})";
+             R"(","prompt":"Sort ascending: 93 44 60 89 20","max_tokens":200,"stream":true,"seed":0,)" +
+             R"("dgemma":{"stability_threshold":100000}})";
     return j;
   }
   const int max_tokens[] = {16, 32, 48};
@@ -99,7 +103,7 @@ int main(int argc, char** argv) {
     // 1. Each well-formed request alone, one after another.
     for (auto& j : jobs) {
       if (j.kind != Kind::kWellFormed) continue;
-      j.alone = post(port, "/v1/chat/completions", j.body);
+      j.alone = post(port, j.path, j.body);
       CHECK(j.alone.status == 200 && j.alone.done, "alone: " + j.alone.body.substr(0, 300));
     }
     const long after_alone_kib = s.rss_kib();
@@ -127,7 +131,7 @@ int main(int argc, char** argv) {
         for (int k = 0; k < per_client; ++k) {
           Job& j = jobs[static_cast<std::size_t>(c * per_client + k)];
           const auto a = Clock::now();
-          j.loaded = post(port, "/v1/chat/completions", j.body, "", j.kind == Kind::kHangUp ? 400 : 0);
+          j.loaded = post(port, j.path, j.body, "", j.kind == Kind::kHangUp ? 300 : 0);
           j.seconds = std::chrono::duration<double>(Clock::now() - a).count();
         }
       });
@@ -150,6 +154,7 @@ int main(int argc, char** argv) {
       }
       if (j.kind == Kind::kHangUp) {
         ++hung_up;
+        CHECK(!j.loaded.done, "request " + std::to_string(i) + " should have been hung up on: " + j.loaded.body.substr(0, 400));
         continue;
       }
       const bool equal = j.loaded.status == 200 && j.loaded.done && stream_text(j.loaded) == stream_text(j.alone) &&

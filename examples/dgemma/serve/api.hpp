@@ -113,15 +113,11 @@ inline const char* type_name(const json& v) {
 }
 
 inline std::int64_t get_int(const json& v, const std::string& param, std::int64_t lo, std::int64_t hi) {
-  if (v.is_number_unsigned()) {
-    const auto u = v.get<std::uint64_t>();
-    if (u > static_cast<std::uint64_t>(hi)) bad_value(param, "must be at most " + std::to_string(hi) + " (got " + v.dump() + ")");
-    return static_cast<std::int64_t>(u);
-  }
-  if (!v.is_number_integer()) bad_type(param, "an integer", v);
-  const auto x = v.get<std::int64_t>();
-  if (x < lo || x > hi) {
-    bad_value(param, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (got " + std::to_string(x) + ")");
+  if (!v.is_number_integer()) bad_type(param, "an integer", v);  // nlohmann: also true for unsigned
+  const bool huge = v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX);
+  const auto x = huge ? INT64_MAX : v.get<std::int64_t>();
+  if (huge || x < lo || x > hi) {
+    bad_value(param, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (got " + v.dump() + ")");
   }
   return x;
 }
