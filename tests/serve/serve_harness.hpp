@@ -143,6 +143,7 @@ struct Reply {
   std::vector<json> events;  // SSE data events, in order ([DONE] excluded)
   bool done = false;         // saw data: [DONE]
   bool comments = false;     // saw a ": ..." comment line
+  std::string error;         // the client's error when status is 0
 };
 
 // Splits an SSE body into its data events.
@@ -186,7 +187,11 @@ inline Reply post(int port, const std::string& path, const std::string& body, co
   httplib::Response res;
   httplib::Error err = httplib::Error::Success;
   Reply r;
-  if (cli.send(req, res, err)) r.status = res.status;
+  if (cli.send(req, res, err)) {
+    r.status = res.status;
+  } else {
+    r.error = httplib::to_string(err);
+  }
   r.body = received;
   if (r.status == 200 && res.get_header_value("Content-Type").rfind("text/event-stream", 0) == 0) parse_sse(received, r);
   return r;

@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
     }
     const long after_alone_kib = s.rss_kib();
 
+    const double tokens_before = metric(get(port, "/metrics").body, "dgemma_generated_tokens_total");
+
     // 2. All clients at once; RSS and the batcher's memory sampled meanwhile.
     std::atomic<bool> running{true};
     long peak_kib = 0;
@@ -162,7 +164,7 @@ int main(int argc, char** argv) {
                          stream_usage(j.loaded) == stream_usage(j.alone);
       CHECK(equal, "request " + std::to_string(i) + " differs under load:\n  alone:  " + stream_text(j.alone) + " (" +
                        stream_finish(j.alone) + ")\n  loaded: " + stream_text(j.loaded) + " (" + stream_finish(j.loaded) +
-                       ", status " + std::to_string(j.loaded.status) + ")");
+                       ", status " + std::to_string(j.loaded.status) + " " + j.loaded.error + ")");
       same += equal;
       latencies.push_back(j.seconds);
       if (!stream_usage(j.loaded).is_null()) tokens += stream_usage(j.loaded)["completion_tokens"].get<long>();
@@ -178,6 +180,12 @@ int main(int argc, char** argv) {
     }
     CHECK(drained, "requests left after the load:\n" + m);
     CHECK(metric(m, "dgemma_client_disconnects_total") >= hung_up, "disconnects: " + m);
+    // The hung-up requests were cancelled rather than run to their 200 tokens each: what the server
+    // generated beyond the answers is well under that (a stop sequence's request may also run a
+    // canvas past its match before its cancel takes effect).
+    const double extra = metric(m, "dgemma_generated_tokens_total") - tokens_before - static_cast<double>(tokens);
+    CHECK(extra < hung_up * 200 / 2, "tokens generated beyond the answers: " + std::to_string(extra) + " (" +
+                                          std::to_string(hung_up) + " hang-ups of 200 tokens)");
     const long budget_kib = kBudgetMib * 1024L;
     CHECK(peak_in_use <= kBudgetMib * 1048576.0, "batcher memory " + std::to_string(peak_in_use) + " over the budget");
     CHECK(peak_kib <= idle_kib + budget_kib + kAllowanceKib,
@@ -193,6 +201,8 @@ int main(int argc, char** argv) {
                 percentile(latencies, 0.5), percentile(latencies, 0.99), percentile(latencies, 1.0));
     std::printf("throughput: %.1f requests/s, %.1f completion tokens/s over %.2f s; largest batch %.0f\n",
                 static_cast<double>(jobs.size()) / wall, static_cast<double>(tokens) / wall, wall, peak_batch);
+    std::printf("hang-ups: %.0f tokens generated beyond the answers (uncancelled they would be %d)\n", extra,
+                hung_up * 200);
     std::printf("memory: RSS idle %.1f MiB (weights included), after the alone runs %.1f MiB, peak under load %.1f MiB; "
                 "budget %d MiB; batcher's peak in use %.2f MiB\n",
                 idle_kib / 1024.0, after_alone_kib / 1024.0, peak_kib / 1024.0, kBudgetMib, peak_in_use / 1048576.0);

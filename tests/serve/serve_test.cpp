@@ -180,6 +180,7 @@ void contract(int port) {
   // prompt makes the bundled model write all 400 tokens, about 25 canvases of 48 steps.)
   const std::string long_stream = R"({"model":")" + kModelId +
                                   R"(","prompt":"Sort ascending: 93 44 60 89 20","max_tokens":400,"stream":true,"dgemma":{"stability_threshold":100000}})";
+  const double tokens_before = metric(get(port, "/metrics").body, "dgemma_generated_tokens_total");
   auto gone = post(port, "/v1/completions", long_stream, "", 200);
   CHECK(gone.body.size() >= 1, "the stream should have started");
   bool freed = false;
@@ -190,6 +191,9 @@ void contract(int port) {
     if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   CHECK(freed, "after a hang-up: " + get(port, "/metrics").body);
+  // Cancelled, not run to the end: fewer than the 400 tokens it would have generated.
+  const double hung_up_tokens = metric(get(port, "/metrics").body, "dgemma_generated_tokens_total") - tokens_before;
+  CHECK(hung_up_tokens < 400, "the hung-up request generated " + std::to_string(hung_up_tokens) + " tokens");
 
   // Metrics: every family the docs list, and the statuses seen above.
   const std::string m = get(port, "/metrics").body;

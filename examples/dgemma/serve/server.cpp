@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <pthread.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <diffusion_gemma/cpu/engine.hpp>
@@ -119,6 +120,14 @@ class Server {
     http_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
     http_.set_payload_max_length(config_.max_body_bytes);
     http_.set_keep_alive_timeout(5);
+    // The listening socket: SO_REUSEADDR only (httplib's default adds SO_REUSEPORT, which would let a
+    // second server bind the same port silently), and its fd, to raise the listen backlog below.
+    int listen_fd = -1;
+    http_.set_socket_options([&listen_fd](socket_t sock) {
+      int yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_fd = sock;
+    });
     int port = config_.port;
     if (port == 0) {
       port = http_.bind_to_any_port(config_.host);
@@ -126,6 +135,9 @@ class Server {
     } else if (!http_.bind_to_port(config_.host, port)) {
       return false;
     }
+    // Debian's libcpp-httplib is compiled with a listen backlog of 5: a burst of new connections
+    // overflows it and some clients get a reset instead of an answer. listen() again raises it.
+    if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
     worker_ = std::thread([this] { worker_loop(); });
     std::fprintf(stderr, "dgemma serve: listening on http://%s:%d (model '%s', %d HTTP threads)\n", config_.host.c_str(),
                  port, api_.model_id.c_str(), threads);
