@@ -23,6 +23,7 @@ enum class StatusCode {
   kCudaError,
   kCancelled,        // a callback asked to stop
   kInternal,
+  kUnavailable,      // busy right now (a full request queue): retry later
   kSentinel
 };
 
@@ -44,6 +45,7 @@ inline const char* to_string(StatusCode code) {
     case StatusCode::kCudaError: return "CUDA error";
     case StatusCode::kCancelled: return "cancelled";
     case StatusCode::kInternal: return "internal error";
+    case StatusCode::kUnavailable: return "unavailable";
     case StatusCode::kSentinel: break;
   }
   return "unknown status";

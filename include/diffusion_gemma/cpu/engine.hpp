@@ -33,6 +33,7 @@
 #include <diffusion_gemma/model/kv_layout.hpp>
 #include <diffusion_gemma/model/pass_plan.hpp>
 #include <diffusion_gemma/model/rope_table.hpp>
+#include <diffusion_gemma/sampler/batch_items.hpp>
 
 namespace diffusion_gemma::cpu {
 
@@ -45,6 +46,10 @@ struct EngineOptions {
   Precision precision = Precision::kFast;
   // Kernel family; kSentinel: DG_CPU_ISA if set, else the best this CPU runs.
   Isa isa = Isa::kSentinel;
+  // A sequence computes the same bits alone or next to others (KernelContext::row_invariant).
+  // false: passes of at most 4 rows (autoregressive decoding) stream weights through fp32 dot
+  // products, and a row's result may then depend on how many rows share its pass.
+  bool batch_invariant = true;
 };
 
 template <class Backbone_>
@@ -54,6 +59,8 @@ class Engine {
   using Attention = typename Backbone::Attention;
   using Experts = typename Backbone::Experts;
   using Cache = KvCache;
+  // A sequence's self-conditioning input for its next denoising step [n, H] (empty: none yet).
+  using DenoiseState = std::vector<float>;
   static constexpr int kMaxTopK = 64;
   static constexpr std::int64_t kQueryBlock = 64;     // attention rows per task
   static constexpr std::int64_t kMinTileQueries = 16;  // fewer queries: fp32 attention
@@ -71,6 +78,7 @@ class Engine {
                   " asks for kernels this CPU cannot run (best: ", isa_name(cpu_features().best()), ")");
     }
     ctx_.precision = opts_.precision;
+    ctx_.row_invariant = opts_.batch_invariant;
     ctx_.threads = resolve_threads(opts_.threads);
     check_max_pass_tokens(opts_.max_pass_tokens, "cpu::EngineOptions::max_pass_tokens");
     // Encoder passes run max_pass_tokens at a time; the workspace also holds a whole canvas.
@@ -142,11 +150,52 @@ class Engine {
     check_positions(cfg_, cache.length() + n);
     for (std::int64_t done = 0; done < n;) {
       const std::int64_t chunk = encoder_pass_tokens(n, done, opts_.max_pass_tokens);
-      run_pass(AttentionMode::kEncoder, ids + done, chunk, nullptr, cache, &cache, cache.length(),
-               hidden_out ? hidden_out + done * cfg_.hidden_size : nullptr);
+      const Segment seg{ids + done, chunk, cache.length(), &cache, &cache, nullptr};
+      run_pass(AttentionMode::kEncoder, &seg, 1, hidden_out ? hidden_out + done * cfg_.hidden_size : nullptr);
       cache.advance(chunk);
       ++encoder_passes_;
       done += chunk;
+    }
+  }
+
+  // Causal passes for several sequences at once, each appending to its own cache. Each item is
+  // cut into encoder chunks exactly as encode() cuts it alone; a pass takes the next chunk of
+  // every item that has one, so every weight is read once per pass for all of them. All items
+  // are checked before any work.
+  void encode_batch(const EncodeItem<KvCache>* items, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      const EncodeItem<KvCache>& it = items[i];
+      if (it.cache == nullptr || it.n < 0 || (it.n > 0 && it.ids == nullptr)) {
+        throw_error(StatusCode::kInvalidArgument, "encode_batch: item ", i, " has no cache or no tokens");
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (items[j].cache == it.cache) {
+          throw_error(StatusCode::kInvalidArgument, "encode_batch: items ", j, " and ", i, " share one KV cache");
+        }
+      }
+      check_token_ids(cfg_, it.ids, it.n, "encoder input");
+      check_cache(*it.cache);
+      if (it.cache->length() + it.n > it.cache->capacity()) {
+        throw_error(StatusCode::kOutOfRange, "encode_batch: item ", i, ": ", it.n, " tokens after ", it.cache->length(),
+                    " cached positions exceed the KV cache capacity of ", it.cache->capacity());
+      }
+      check_positions(cfg_, it.cache->length() + it.n);
+    }
+    std::vector<std::int64_t> done(count, 0);
+    std::vector<Segment> segs;
+    for (;;) {
+      segs.clear();
+      for (std::size_t i = 0; i < count; ++i) {
+        const EncodeItem<KvCache>& it = items[i];
+        if (done[i] >= it.n) continue;
+        const std::int64_t chunk = encoder_pass_tokens(it.n, done[i], opts_.max_pass_tokens);
+        segs.push_back(Segment{it.ids + done[i], chunk, it.cache->length(), it.cache, it.cache, nullptr});
+        done[i] += chunk;
+      }
+      if (segs.empty()) break;
+      run_pass(AttentionMode::kEncoder, segs.data(), segs.size(), nullptr);
+      for (const Segment& sg : segs) sg.write_to->advance(sg.T);
+      ++encoder_passes_;
     }
   }
 
@@ -161,7 +210,8 @@ class Engine {
     check_token_ids(cfg_, ids, n, "canvas");
     check_cache(cache);
     check_positions(cfg_, cache.length() + n);
-    run_pass(AttentionMode::kDenoiser, ids, n, soft_embedding, cache, nullptr, cache.length(), hidden_out);
+    const Segment seg{ids, n, cache.length(), &cache, nullptr, soft_embedding};
+    run_pass(AttentionMode::kDenoiser, &seg, 1, hidden_out);
   }
 
   // Materialised LM head: logits [n, V] = hidden E^T, softcapped. For parity tools and tests; the
@@ -187,15 +237,60 @@ class Engine {
   // states and the soft embedding stay inside the engine (on the GPU they never leave the device).
   void denoise_step(const std::int32_t* canvas, std::int64_t n, bool first_step, const KvCache& cache,
                     const VocabPassArgs& args, VocabPassResult& stats) {
-    const std::size_t nh = static_cast<std::size_t>(n * cfg_.hidden_size);
-    if (step_hidden_.size() < nh) step_hidden_.resize(nh);
-    const bool use_soft = !first_step && soft_state_.size() >= nh;
-    denoise(canvas, n, use_soft ? soft_state_.data() : nullptr, cache, step_hidden_.data());
-    vocab_pass(step_hidden_.data(), n, args, stats);
-    if (args.soft_embedding) {
-      soft_state_.swap(stats.soft_embedding);
-    } else {
-      soft_state_.clear();
+    DenoiseItem<KvCache, DenoiseState> it;
+    it.canvas = canvas;
+    it.n = n;
+    it.first_step = first_step;
+    it.cache = &cache;
+    it.args = args;
+    it.stats = &stats;
+    it.state = &soft_state_;
+    denoise_step_batch(&it, 1);
+  }
+
+  // One denoising step for several sequences in one denoiser pass and one vocabulary pass; each
+  // item's self-conditioning input comes from, and its next one goes to, `item.state`. What an
+  // item gets does not depend on the other items (KernelContext::row_invariant).
+  void denoise_step_batch(DenoiseItem<KvCache, DenoiseState>* items, std::size_t count) {
+    if (!cfg_.is_diffusion()) {
+      throw_error(StatusCode::kUnsupported, cfg_.source, ": denoising needs a DiffusionGemma checkpoint");
+    }
+    const std::int64_t H = cfg_.hidden_size;
+    std::int64_t rows = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto& it = items[i];
+      if (it.cache == nullptr || it.stats == nullptr || it.state == nullptr || it.n <= 0 || it.canvas == nullptr) {
+        throw_error(StatusCode::kInvalidArgument, "denoise_step_batch: item ", i,
+                    " needs a canvas, a cache, a result and a state");
+      }
+      check_token_ids(cfg_, it.canvas, it.n, "canvas");
+      check_cache(*it.cache);
+      check_positions(cfg_, it.cache->length() + it.n);
+      rows += it.n;
+    }
+    std::vector<Segment>& segs = step_segments_;
+    std::vector<VocabSegment>& vsegs = vocab_segments_;
+    segs.clear();
+    vsegs.clear();
+    std::int64_t row0 = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      auto& it = items[i];
+      const bool use_soft = !it.first_step && it.state->size() >= static_cast<std::size_t>(it.n * H);
+      segs.push_back(Segment{it.canvas, it.n, it.cache->length(), it.cache, nullptr, use_soft ? it.state->data() : nullptr});
+      vsegs.push_back(VocabSegment{row0, it.n, it.args, it.stats});
+      row0 += it.n;
+    }
+    if (step_hidden_.size() < static_cast<std::size_t>(rows * H)) step_hidden_.resize(static_cast<std::size_t>(rows * H));
+    run_pass(AttentionMode::kDenoiser, segs.data(), segs.size(), step_hidden_.data());
+    vocab_pass_.run(ctx_, model_->weights().embed_tokens, cfg_.final_logit_softcapping, model_->embed_scale(),
+                    step_hidden_.data(), vsegs.data(), vsegs.size());
+    for (std::size_t i = 0; i < count; ++i) {
+      auto& it = items[i];
+      if (it.args.soft_embedding) {
+        it.state->swap(it.stats->soft_embedding);
+      } else {
+        it.state->clear();
+      }
     }
   }
 
@@ -232,6 +327,17 @@ class Engine {
   }
 
  private:
+  // One sequence's rows in a pass: its tokens, its positions p0.. and the cache its attention
+  // reads (and, for encoder passes, writes).
+  struct Segment {
+    const std::int32_t* ids;
+    std::int64_t T;
+    std::int64_t p0;
+    const KvCache* cache;
+    KvCache* write_to;
+    const float* soft;  // denoiser: the self-conditioning input [T, H], or nullptr
+  };
+
   struct Workspace {
     std::vector<float> x, h, a, o, q, k, v, attn, d, g, u, s;  // [T, ...] activations
     std::vector<float> router;                                   // router logits/probs
@@ -241,6 +347,8 @@ class Engine {
     std::vector<std::uint16_t> keys_bf16, values_bf16;           // per KV head: tile layouts (fast, AMX)
     std::vector<float> kv_rows;                                  // per thread: one head's K or V rows
     std::vector<float> rope_cos, rope_sin;                       // [T, D/2] of a layer type
+    std::vector<std::int64_t> row_pos;                           // [T]: each row's position
+    std::vector<float> sc_in;                                    // self-conditioning inputs, gathered
     std::vector<float> expert_in, expert_mid, expert_out;        // rows sorted by expert
     std::vector<float> topk_w;
     std::vector<int> topk_i;
@@ -284,19 +392,25 @@ class Engine {
     reserved_ = std::max(reserved_, T);
   }
 
-  // One pass of T tokens at positions p0..p0+T-1 through every layer.
-  // Encoder passes write their K/V to `write_to`; denoiser passes have none to write.
-  void run_pass(AttentionMode mode, const std::int32_t* ids, std::int64_t T, const float* soft_embedding,
-                const KvCache& cache, KvCache* write_to, std::int64_t p0, float* hidden_out) {
+  // One pass through every layer over the rows of several sequences, stacked in segment order.
+  // Row-wise work (embeddings, norms, every weight product, the experts) runs on all rows at once;
+  // attention runs per segment against its own cache. Encoder passes write each segment's K/V.
+  void run_pass(AttentionMode mode, const Segment* segs, std::size_t count, float* hidden_out) {
+    std::int64_t T = 0;
+    for (std::size_t i = 0; i < count; ++i) T += segs[i].T;
     if (T > reserved_) reserve(T);
     float* x = ws_.x.data();
-    embed(ids, T, x);
+    ws_.row_pos.resize(static_cast<std::size_t>(T));
+    for (std::size_t i = 0, r = 0; i < count; ++i) {
+      embed(segs[i].ids, segs[i].T, x + static_cast<std::int64_t>(r) * cfg_.hidden_size);
+      for (std::int64_t t = 0; t < segs[i].T; ++t) ws_.row_pos[r++] = segs[i].p0 + t;
+    }
     if (mode == AttentionMode::kDenoiser) {
-      if (soft_embedding != nullptr) add_self_conditioning(soft_embedding, T, x);
+      add_self_conditioning(segs, count, x);
       // post_norm (weightless) runs on every step, also when the SC signal is zero.
       norm_rows(x, nullptr, T, x);
     }
-    for (int l = 0; l < cfg_.num_layers(); ++l) layer(l, mode, T, cache, write_to, p0);
+    for (int l = 0; l < cfg_.num_layers(); ++l) layer(l, mode, T, segs, count);
     if (hidden_out != nullptr) norm_rows(x, model_->vector(-1, Param::kFinalNorm), T, hidden_out);
   }
 
@@ -310,14 +424,43 @@ class Engine {
     }
   }
 
-  // x += down(gelu(gate(n)) * up(n)), n = RMSNorm(soft_embedding; pre_norm).
-  void add_self_conditioning(const float* soft, std::int64_t T, float* x) {
-    const int H = cfg_.hidden_size;
+  // x += down(gelu(gate(n)) * up(n)), n = RMSNorm(soft_embedding; pre_norm), for the segments that
+  // have a soft embedding (none on the first step of a canvas: the SC MLP then contributes exactly
+  // zero and is skipped). Their inputs are gathered so the MLP's weights are read once.
+  void add_self_conditioning(const Segment* segs, std::size_t count, float* x) {
+    const std::int64_t H = cfg_.hidden_size;
+    std::int64_t rows = 0;
+    const float* soft = nullptr;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (segs[i].soft == nullptr) continue;
+      soft = segs[i].soft;
+      rows += segs[i].T;
+    }
+    if (rows == 0) return;
+    if (rows != segs[0].T || count != 1) {  // several inputs: one contiguous block
+      grow(ws_.sc_in, static_cast<std::size_t>(rows * H));
+      std::int64_t r = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        if (segs[i].soft == nullptr) continue;
+        std::copy(segs[i].soft, segs[i].soft + segs[i].T * H, ws_.sc_in.data() + r * H);
+        r += segs[i].T;
+      }
+      soft = ws_.sc_in.data();
+    }
     const SelfConditioningWeights& sc = model_->weights().self_conditioning;
     float* n = ws_.h.data();
-    norm_rows(soft, model_->vector(-1, Param::kScPreNorm), T, n);
-    gated_mlp(n, T, sc.gate_proj, sc.up_proj, sc.down_proj, ws_.o.data());
-    for (std::int64_t i = 0; i < T * H; ++i) x[i] += ws_.o[i];
+    norm_rows(soft, model_->vector(-1, Param::kScPreNorm), rows, n);
+    gated_mlp(n, rows, sc.gate_proj, sc.up_proj, sc.down_proj, ws_.o.data());
+    std::int64_t r = 0, row0 = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (segs[i].soft != nullptr) {
+        const float* add = ws_.o.data() + r * H;
+        float* xr = x + row0 * H;
+        for (std::int64_t j = 0; j < segs[i].T * H; ++j) xr[j] += add[j];
+        r += segs[i].T;
+      }
+      row0 += segs[i].T;
+    }
   }
 
   // out [T, H] = down(gelu_tanh(in Wg^T) * (in Wu^T)).
@@ -343,7 +486,7 @@ class Engine {
 
   // One layer. The row-wise steps between the products (norms, residual adds, the layer scalar) run
   // in as few parallel regions as the data flow allows: each region start costs a thread wake-up.
-  void layer(int l, AttentionMode mode, std::int64_t T, const KvCache& cache, KvCache* write_to, std::int64_t p0) {
+  void layer(int l, AttentionMode mode, std::int64_t T, const Segment* segs, std::size_t count) {
     const LayerWeights& W = model_->layer(l);
     const int H = cfg_.hidden_size;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
@@ -355,7 +498,7 @@ class Engine {
     float* s = ws_.s.data();
     // Attention block: x = x + post_attn(o_proj(attn(input_ln(x)))); then h = pre_ff(x).
     norm_rows(x, model_->vector(l, Param::kInputLayernorm), T, h);
-    attention(l, mode, T, cache, write_to, p0, h, a);
+    attention(l, mode, T, segs, count, h, a);
     const float* post_attention = model_->vector(l, Param::kPostAttentionLayernorm);
     const float* pre_ff = model_->vector(l, Param::kPreFeedforwardLayernorm);
     parallel_for(
@@ -403,16 +546,16 @@ class Engine {
     }
   }
 
-  // cos/sin of pos * inv_freq for positions p0..p0+T-1 and the D/2 pairs of layer l: the angle is
+  // cos/sin of pos * inv_freq for each row's position and the D/2 pairs of layer l: the angle is
   // fp32 pos * inv_freq as in transformers (math::rope_angle, as on the GPU), cos/sin of it in fp32.
-  void rope_table(int l, std::int64_t T, std::int64_t p0) {
+  void rope_table(int l, std::int64_t T) {
     const int half = cfg_.layers[static_cast<std::size_t>(l)].head_dim / 2;
     const float* inv = rope_.layer(l);
     grow(ws_.rope_cos, static_cast<std::size_t>(T * half));
     grow(ws_.rope_sin, static_cast<std::size_t>(T * half));
     for (std::int64_t t = 0; t < T; ++t) {
       for (int i = 0; i < half; ++i) {
-        const float angle = math::rope_angle(p0 + t, inv[i]);
+        const float angle = math::rope_angle(ws_.row_pos[static_cast<std::size_t>(t)], inv[i]);
         ws_.rope_cos[t * half + i] = std::cos(angle);
         ws_.rope_sin[t * half + i] = std::sin(angle);
       }
@@ -420,12 +563,11 @@ class Engine {
   }
 
   // Self-attention of layer l; `h` is the normed input [T, H], the result [T, H] goes to `out`.
-  void attention(int l, AttentionMode mode, std::int64_t T, const KvCache& cache, KvCache* write_to, std::int64_t p0,
-                 const float* h, float* out) {
+  void attention(int l, AttentionMode mode, std::int64_t T, const Segment* segs, std::size_t count, const float* h,
+                 float* out) {
     const LayerSpec& spec = cfg_.layers[l];
     const LayerWeights& W = model_->layer(l);
     const int H = cfg_.hidden_size, D = spec.head_dim, Hq = cfg_.num_heads, Hkv = spec.num_kv_heads;
-    const int group = Hq / Hkv;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
     float* q = ws_.q.data();
     float* k = ws_.k.data();
@@ -435,7 +577,7 @@ class Engine {
     if (spec.has_v_proj) linear(ctx_, W.v_proj, h, H, T, v, Hkv * D);
     // Per-head norms, then RoPE on q and k (never on v). With k_eq_v, V is v_norm of the raw k
     // projection: normed into v before k is normed in place.
-    rope_table(l, T, p0);
+    rope_table(l, T);
     const float* qn = model_->vector(l, Param::kQNorm);
     const float* kn = model_->vector(l, Param::kKNorm);
     const Isa isa = ctx_.isa;
@@ -462,7 +604,24 @@ class Engine {
           }
         },
         ctx_.threads);
+    std::int64_t row0 = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const Segment& sg = segs[i];
+      attend(l, mode, sg.T, *sg.cache, sg.write_to, sg.p0, q + row0 * Hq * D, k + row0 * Hkv * D, v + row0 * Hkv * D,
+             ws_.attn.data() + row0 * Hq * D);
+      row0 += sg.T;
+    }
+    linear(ctx_, W.o_proj, ws_.attn.data(), Hq * D, T, out, H);
+  }
 
+  // The attention core of one segment: its T query rows at positions p0.. against its cached
+  // keys and its own new keys (q, k, v, attn point at the segment's first row).
+  void attend(int l, AttentionMode mode, std::int64_t T, const KvCache& cache, KvCache* write_to, std::int64_t p0,
+              const float* q, const float* k, const float* v, float* attn) {
+    const LayerSpec& spec = cfg_.layers[l];
+    const int D = spec.head_dim, Hq = cfg_.num_heads, Hkv = spec.num_kv_heads;
+    const int group = Hq / Hkv;
+    const Isa isa = ctx_.isa;
     const int Wn = cfg_.sliding_window;
     const std::int64_t lo = std::min(p0, Attention::first_visible_cached(mode, spec.type, Wn, p0));
     const std::int64_t Np = p0 - lo;  // cached keys any query may see
@@ -503,7 +662,6 @@ class Engine {
       ws_.key_span[2 * b] = first;
       ws_.key_span[2 * b + 1] = last + 1;
     }
-    float* attn = ws_.attn.data();
     // Passes of a few tokens (autoregressive decoding) would convert every visible key to tiles
     // for a handful of queries: they stay on the fp32 kernels.
     KernelContext actx = ctx_;
@@ -560,7 +718,6 @@ class Engine {
         }
       }
     }
-    linear(ctx_, W.o_proj, attn, Hq * D, T, out, H);
   }
 
 #if DG_X86_KERNELS
@@ -744,7 +901,10 @@ class Engine {
   Workspace ws_;
   std::vector<std::int64_t> slot_rows_;
   VocabPass vocab_pass_;
-  std::vector<float> step_hidden_, soft_state_;  // denoise_step's hidden states and SC state
+  std::vector<float> step_hidden_;  // the denoiser's hidden states of a step
+  DenoiseState soft_state_;          // denoise_step's self-conditioning state (single sequence)
+  std::vector<Segment> step_segments_;
+  std::vector<VocabSegment> vocab_segments_;
 };
 
 }  // namespace diffusion_gemma::cpu

@@ -62,6 +62,11 @@ struct KernelContext {
   Isa isa = Isa::kGeneric;
   Precision precision = Precision::kExact;
   int threads = 0;  // 0: the OpenMP default
+  // Every product picks its kernel by weight, precision and instruction set only, never by its
+  // number of rows, so a row's result does not depend on the other rows in the pass: a sequence
+  // computes the same bits alone or batched with others. Off, products of at most kStreamRows
+  // rows (autoregressive decoding) stream the weight through fp32 dot products instead.
+  bool row_invariant = true;
 
   // Whether weight products run on AMX tiles in bf16.
   bool bf16_tiles() const { return precision == Precision::kFast && isa == Isa::kAmx; }
@@ -95,8 +100,9 @@ inline kernels::MatrixB matrix_of(const Weight& w, kernels::BForm form) {
 }
 
 // The exact product on the calling thread, on the context's instruction set.
-inline void gemm_exact(Isa isa, const kernels::Gemm& g) {
-  switch (isa) {
+inline void gemm_exact(const KernelContext& ctx, kernels::Gemm g) {
+  g.few_rows = !ctx.row_invariant;
+  switch (ctx.isa) {
 #if DG_X86_KERNELS
     case Isa::kAmx:
     case Isa::kAvx512: return kernels::avx512::gemm(g);
@@ -126,7 +132,9 @@ void over_columns(const KernelContext& ctx, std::int64_t m, std::int64_t n, std:
 // Products with at most kStreamRows rows (autoregressive decoding) are bound by reading the weight
 // once, which the fp32 kernels do in row order; a 16-row tile would be mostly padding.
 inline constexpr std::int64_t kStreamRows = 4;
-inline bool tiles_for(const KernelContext& ctx, std::int64_t m) { return ctx.bf16_tiles() && m > kStreamRows; }
+inline bool tiles_for(const KernelContext& ctx, std::int64_t m) {
+  return ctx.bf16_tiles() && (ctx.row_invariant || m > kStreamRows);
+}
 
 #if DG_X86_KERNELS
 template <class F>
@@ -179,7 +187,7 @@ inline void quantized_linear(const KernelContext& ctx, const QuantizedMatrix& q,
       g.n = rows;
       g.k = k;
       g.accumulate = accumulate;
-      gemm_exact(ctx.isa, g);
+      gemm_exact(ctx, g);
     }
   });
 }
@@ -237,7 +245,7 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
     return;
   }
 #endif
-  detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) { detail::gemm_exact(ctx.isa, g.columns(n0, n1)); });
+  detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) { detail::gemm_exact(ctx, g.columns(n0, n1)); });
 }
 
 // Activations prepared once for several products with weights of the same width (the LM head's
@@ -316,7 +324,7 @@ inline void linear_transposed(const KernelContext& ctx, const Weight& w, const f
     return;
   }
 #endif
-  detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) { detail::gemm_exact(ctx.isa, g.columns(n0, n1)); });
+  detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) { detail::gemm_exact(ctx, g.columns(n0, n1)); });
 }
 
 // Experts: for a weight [groups, out, in], rows [begin[g], begin[g + 1]) of x go through group g.
@@ -369,7 +377,7 @@ inline void matmul_nt(const KernelContext& ctx, const float* a, std::int64_t lda
     return;
   }
 #endif
-  detail::gemm_exact(ctx.isa, g);
+  detail::gemm_exact(ctx, g);
 }
 
 // c[m, n] (+)= a[m, k] b[k, n] for two fp32 activations (attention probabilities x values), on
@@ -386,7 +394,7 @@ inline void matmul_nn(const KernelContext& ctx, const float* a, std::int64_t lda
     return;
   }
 #endif
-  detail::gemm_exact(ctx.isa, g);
+  detail::gemm_exact(ctx, g);
 }
 
 }  // namespace diffusion_gemma::cpu

@@ -32,6 +32,15 @@ namespace diffusion_gemma {
 
 namespace cpu {
 
+// The rows of one sequence in a batched vocabulary pass: its own temperature and sampling key
+// (draws are keyed by the row's position inside its canvas, 0..n-1), its own results.
+struct VocabSegment {
+  std::int64_t row0 = 0;
+  std::int64_t n = 0;
+  VocabPassArgs args{};
+  VocabPassResult* out = nullptr;
+};
+
 // Runs the pass. `E` is the embedding table [V, H] (the tied LM head); `hidden` [C, H] holds the
 // final-normed hidden states; `cap` is the final logit softcap (0: none).
 //
@@ -51,8 +60,24 @@ class VocabPass {
 
   void run(const KernelContext& ctx, const Weight& E, float cap, float embed_scale, const float* hidden,
            std::int64_t C, const VocabPassArgs& args, VocabPassResult& out) {
+    const VocabSegment seg{0, C, args, &out};
+    run(ctx, E, cap, embed_scale, hidden, &seg, 1);
+  }
+
+  // The pass over the stacked rows of several sequences: E is read once for all of them.
+  void run(const KernelContext& ctx, const Weight& E, float cap, float embed_scale, const float* hidden,
+           const VocabSegment* segs, std::size_t count) {
     const std::int64_t V = E.rows(), H = E.cols();
-    out.resize(C, H, args.soft_embedding);
+    std::int64_t C = 0;
+    bool any_soft = false;
+    row_segment_.clear();
+    for (std::size_t i = 0; i < count; ++i) {
+      segs[i].out->resize(segs[i].n, H, segs[i].args.soft_embedding);
+      any_soft = any_soft || segs[i].args.soft_embedding;
+      row_segment_.insert(row_segment_.end(), static_cast<std::size_t>(segs[i].n), static_cast<std::int32_t>(i));
+      C += segs[i].n;
+    }
+    if (C == 0) return;
     const std::int64_t tiles = (V + kTile - 1) / kTile;
     const int shards = static_cast<int>(std::min<std::int64_t>(kShards, tiles));
     shards_.resize(static_cast<std::size_t>(shards));
@@ -67,15 +92,18 @@ class VocabPass {
           sh.rows.assign(static_cast<std::size_t>(C), Row{});
           sh.logits.resize(static_cast<std::size_t>(C * kTile));
           sh.chunk_mass.resize(static_cast<std::size_t>(kTile / kSampleChunk));
-          if (args.soft_embedding) sh.acc.assign(static_cast<std::size_t>(C * H), 0.0f);
+          if (any_soft) sh.acc.assign(static_cast<std::size_t>(C * H), 0.0f);
           for (std::int64_t t = si; t < tiles; t += shards) {
             const std::int64_t v0 = t * kTile, n = std::min(kTile, V - v0);
             const Weight rows = E.row_range(v0, n);
             float* L = sh.logits.data();
             linear(serial, rows, hidden_, L, kTile);
-            for (std::int64_t r = 0; r < C; ++r) row_update(ctx.isa, sh, L + r * kTile, n, v0, r, cap, args, H);
+            for (std::int64_t r = 0; r < C; ++r) {
+              const VocabSegment& sg = segs[row_segment_[static_cast<std::size_t>(r)]];
+              row_update(ctx.isa, sh, L + r * kTile, n, v0, r, r - sg.row0, cap, sg.args, any_soft, H);
+            }
             // The rows' scale factors were applied in row_update; now add P E_tile for the whole tile.
-            if (args.soft_embedding) linear_transposed(serial, rows, L, kTile, C, sh.acc.data(), H, /*accumulate=*/true);
+            if (any_soft) linear_transposed(serial, rows, L, kTile, C, sh.acc.data(), H, /*accumulate=*/true);
           }
         },
         ctx.threads);
@@ -99,11 +127,14 @@ class VocabPass {
               best.sample = row.sample;
             }
           }
-          out.argmax[r] = best.argmax;
-          out.sample[r] = args.sample ? best.sample : -1;
-          out.entropy[r] = stats.entropy();
-          if (args.soft_embedding) {
-            float* s = out.soft_embedding.data() + r * H;
+          const VocabSegment& sg = segs[row_segment_[static_cast<std::size_t>(r)]];
+          VocabPassResult& out = *sg.out;
+          const std::int64_t i = r - sg.row0;
+          out.argmax[i] = best.argmax;
+          out.sample[i] = sg.args.sample ? best.sample : -1;
+          out.entropy[i] = stats.entropy();
+          if (sg.args.soft_embedding) {
+            float* s = out.soft_embedding.data() + i * H;
             std::fill(s, s + H, 0.0f);
             for (int si = 0; si < shards; ++si) {
               const Shard& sh = shards_[static_cast<std::size_t>(si)];
@@ -111,7 +142,7 @@ class VocabPass {
               if (row.stats.sum == 0.0f) continue;
               const float w = std::exp(row.stats.max - stats.max) * (embed_scale / stats.sum);
               const float* a = sh.acc.data() + r * H;
-              for (std::int64_t i = 0; i < H; ++i) s[i] += a[i] * w;
+              for (std::int64_t h = 0; h < H; ++h) s[h] += a[h] * w;
             }
           }
         },
@@ -137,8 +168,9 @@ class VocabPass {
   // Processes one row of a tile in place: `L` holds raw logits on entry and p = e^(l - m) on exit,
   // where m is the row's running max in this shard after this tile (its accumulator row is
   // rescaled to match).
-  static void row_update(Isa isa, Shard& sh, float* L, std::int64_t n, std::int64_t v0, std::int64_t r, float cap,
-                         const VocabPassArgs& args, std::int64_t H) {
+  // `r` is the row in the stacked pass, `position` its index inside its own canvas (the draws' key).
+  static void row_update(Isa isa, Shard& sh, float* L, std::int64_t n, std::int64_t v0, std::int64_t r,
+                         std::int64_t position, float cap, const VocabPassArgs& args, bool soft, std::int64_t H) {
     Row& row = sh.rows[static_cast<std::size_t>(r)];
     std::int64_t tile_arg = 0;
     // cap * tanh(x / cap), then an fp32 divide by T, as the reference.
@@ -149,7 +181,7 @@ class VocabPass {
     }
     const float old_max = row.stats.max;
     const float m = tile_max > old_max ? tile_max : old_max;
-    if (args.soft_embedding && old_max != m && old_max != -std::numeric_limits<float>::infinity()) {
+    if (soft && old_max != m && old_max != -std::numeric_limits<float>::infinity()) {
       const float alpha = std::exp(old_max - m);
       float* s = sh.acc.data() + r * H;
       for (std::int64_t i = 0; i < H; ++i) s[i] *= alpha;
@@ -166,7 +198,7 @@ class VocabPass {
       const float mass = sh.chunk_mass[static_cast<std::size_t>(c0 / kSampleChunk)];
       if (!(mass > 0.0f)) continue;
       const std::uint32_t chunk = static_cast<std::uint32_t>((v0 + c0) / kSampleChunk);
-      const Philox4x32 d = draw(args.key, DrawPurpose::kSample, static_cast<std::uint32_t>(r), chunk);
+      const Philox4x32 d = draw(args.key, DrawPurpose::kSample, static_cast<std::uint32_t>(position), chunk);
       const float score = m + std::log(mass) + math::gumbel(uniform_open01(d.v[1]));
       if (score <= row.sample_score) continue;
       row.sample_score = score;
@@ -187,6 +219,7 @@ class VocabPass {
 
   std::vector<Shard> shards_;
   PackedActivations hidden_;
+  std::vector<std::int32_t> row_segment_;  // the segment of each stacked row
 };
 
 }  // namespace cpu

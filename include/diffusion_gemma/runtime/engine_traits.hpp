@@ -15,6 +15,11 @@
 //                     const VocabPassArgs& args, VocabPassResult& stats)
 //        one denoiser pass over the canvas plus the vocabulary pass; keeps the self-conditioning
 //        state between the steps of a canvas (first_step: none yet)
+// ContinuousBatcher<Engine, ...> and BatchDecoder<Engine, ...> need, beyond Decoder's:
+//   typename Engine::DenoiseState                            a sequence's self-conditioning state
+//   void encode_batch(const EncodeItem<Cache>* items, size_t count)
+//   void denoise_step_batch(DenoiseItem<Cache, DenoiseState>* items, size_t count)
+//        (sampler/batch_items.hpp); each item's results must not depend on the other items
 // AutoregressiveDecoder<Engine> needs config(), make_cache(), and:
 //   void encode(const std::int32_t* ids, std::int64_t n, Cache& cache, float* hidden_out)
 //   void vocab_pass(const float* hidden, std::int64_t n, const VocabPassArgs& args, VocabPassResult& out)
@@ -26,6 +31,7 @@
 #include <utility>
 
 #include <diffusion_gemma/model/config.hpp>
+#include <diffusion_gemma/sampler/batch_items.hpp>
 #include <diffusion_gemma/sampler/vocab_stats.hpp>
 
 namespace diffusion_gemma {
@@ -87,6 +93,25 @@ struct has_vocab_pass<E, std::void_t<decltype(std::declval<E&>().vocab_pass(
                              std::declval<const float*>(), std::int64_t{}, std::declval<const VocabPassArgs&>(),
                              std::declval<VocabPassResult&>()))>> : std::true_type {};
 
+template <class E, class = void>
+struct has_denoise_state : std::false_type {};
+template <class E>
+struct has_denoise_state<E, std::void_t<typename E::DenoiseState>> : std::true_type {};
+
+template <class E, class = void>
+struct has_encode_batch : std::false_type {};
+template <class E>
+struct has_encode_batch<E, std::void_t<decltype(std::declval<E&>().encode_batch(
+                               std::declval<const EncodeItem<typename E::Cache>*>(), std::size_t{}))>>
+    : std::true_type {};
+
+template <class E, class = void>
+struct has_denoise_step_batch : std::false_type {};
+template <class E>
+struct has_denoise_step_batch<E, std::void_t<decltype(std::declval<E&>().denoise_step_batch(
+                                     std::declval<DenoiseItem<typename E::Cache, typename E::DenoiseState>*>(),
+                                     std::size_t{}))>> : std::true_type {};
+
 }  // namespace engine_detail
 
 // Compile-time check for Decoder's engine; fails with the missing member's signature.
@@ -105,6 +130,23 @@ constexpr bool check_diffusion_engine() {
   static_assert(has_denoise_step<E>::value,
                 "Decoder<Engine>: Engine must provide `void denoise_step(const int32_t* canvas, int64_t n, bool "
                 "first_step, const Cache& cache, const VocabPassArgs& args, VocabPassResult& stats)`");
+  return true;
+}
+
+// Compile-time check for the engine of ContinuousBatcher and BatchDecoder.
+template <class E>
+constexpr bool check_batched_engine() {
+  using namespace engine_detail;
+  static_assert(check_diffusion_engine<E>(), "");
+  static_assert(has_denoise_state<E>::value,
+                "ContinuousBatcher<Engine>: Engine must name a sequence's self-conditioning state `using DenoiseState = ...`");
+  static_assert(has_encode_batch<E>::value,
+                "ContinuousBatcher<Engine>: Engine must provide `void encode_batch(const EncodeItem<Cache>* items, size_t count)`");
+  if constexpr (has_denoise_state<E>::value) {
+    static_assert(has_denoise_step_batch<E>::value,
+                  "ContinuousBatcher<Engine>: Engine must provide `void denoise_step_batch(DenoiseItem<Cache, "
+                  "DenoiseState>* items, size_t count)`");
+  }
   return true;
 }
 

@@ -255,7 +255,7 @@ inline void gemm_few_rows(const Gemm& g) {
 
 template <DType T>
 inline void gemm_typed(const Gemm& g) {
-  if (g.b.form == BForm::kNK && g.m <= 4 && g.k > 0) {
+  if (g.few_rows && g.b.form == BForm::kNK && g.m <= 4 && g.k > 0) {
     switch (g.m) {
       case 1: return gemm_few_rows<T, 1>(g);
       case 2: return gemm_few_rows<T, 2>(g);

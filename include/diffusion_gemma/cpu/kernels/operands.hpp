@@ -66,6 +66,7 @@ struct Gemm {
   std::int64_t ldc = 0;
   std::int64_t m = 0, n = 0, k = 0;
   bool accumulate = false;  // C += A op(B) instead of C = A op(B)
+  bool few_rows = true;     // products of up to 4 rows may stream B (a different summation order)
 
   // The same product restricted to output columns [n0, n1).
   Gemm columns(std::int64_t n0, std::int64_t n1) const {

@@ -1,0 +1,281 @@
+// SPDX-License-Identifier: Apache-2.0
+// Many sequences at once: a request gives the same tokens alone (Decoder) or in any batch
+// composition of a ContinuousBatcher, at any thread count, in both precisions; admission follows
+// the memory budget; cancellation ends a request within one step and frees its memory.
+#include <map>
+#include <vector>
+
+#include <diffusion_gemma/cpu/engine.hpp>
+#include <diffusion_gemma/runtime/batch_decoder.hpp>
+#include <diffusion_gemma/runtime/batcher.hpp>
+#include <diffusion_gemma/runtime/decoder.hpp>
+
+#include "support/catch.hpp"
+#include "support/paths.hpp"
+
+using namespace diffusion_gemma;
+using CpuEngine = cpu::Engine<DiffusionGemmaBackbone>;
+using Batcher = ContinuousBatcher<CpuEngine>;
+using Options = DecodeOptions<ReferenceSampler, CanvasScheduler<>>;
+
+namespace {
+
+struct Case {
+  std::vector<std::int32_t> prompt;
+  Options options;
+};
+
+// Five requests that differ in prompt length, seed, steps, length and stop ids.
+std::vector<Case> cases(const cpu::Model& model) {
+  std::vector<Case> out;
+  const int C = model.config().canvas_length;
+  const int V = static_cast<int>(model.config().vocab_size);
+  for (int i = 0; i < 5; ++i) {
+    Case c;
+    c.options = Decoder<CpuEngine>::default_options(model.generation_config());
+    c.options.sampler.rng.seed = 77 + 13 * static_cast<std::uint64_t>(i);
+    c.options.sampler.max_denoising_steps = 4 + i;
+    c.options.scheduler.max_new_tokens = (1 + i % 3) * C;
+    if (i == 3) c.options.scheduler.stop_token_ids = {5, 9, 17, 33};  // likely to stop early
+    c.prompt.push_back(2);
+    for (int t = 0; t < 2 + 9 * i; ++t) c.prompt.push_back((i * 37 + t * 11) % (V - 3) + 3);
+    out.push_back(c);
+  }
+  return out;
+}
+
+// What a request's answer is: its tokens and how each canvas ended.
+std::vector<std::int32_t> answer(const GenerationResult& r) {
+  std::vector<std::int32_t> a = r.tokens;
+  for (const auto& c : r.canvases) {
+    a.push_back(c.steps);
+    a.push_back(static_cast<std::int32_t>(c.stop));
+  }
+  a.push_back(static_cast<std::int32_t>(r.finish));
+  return a;
+}
+
+std::vector<std::vector<std::int32_t>> alone(const std::shared_ptr<const cpu::Model>& model, cpu::EngineOptions eo) {
+  Decoder<CpuEngine> d(model, eo);
+  std::vector<std::vector<std::int32_t>> out;
+  for (const auto& c : cases(*model)) out.push_back(answer(d.generate(c.prompt, c.options)));
+  return out;
+}
+
+// Runs every case through one batcher; `stagger`: submit a request every other step instead of all at once.
+std::vector<std::vector<std::int32_t>> batched(const std::shared_ptr<const cpu::Model>& model, cpu::EngineOptions eo,
+                                               int max_batch, bool stagger, int* widest = nullptr) {
+  CpuEngine engine(model, eo);
+  Batcher::Limits limits;
+  limits.max_batch = max_batch;
+  Batcher batcher(engine, limits);
+  const auto cs = cases(*model);
+  std::vector<std::vector<std::int32_t>> out(cs.size());
+  std::vector<int> done(cs.size(), 0);
+  std::size_t submitted = 0;
+  const auto submit = [&](std::size_t i) {
+    Batcher::Request r;
+    r.prompt = cs[i].prompt;
+    r.options = cs[i].options;
+    r.on_done = [&, i](const GenerationResult& g, const Status& st) {
+      REQUIRE(st.ok());
+      out[i] = answer(g);
+      ++done[i];
+    };
+    batcher.submit(std::move(r));
+  };
+  if (!stagger) {
+    for (; submitted < cs.size(); ++submitted) submit(submitted);
+  }
+  for (int it = 0;; ++it) {
+    if (stagger && submitted < cs.size() && it % 2 == 0) submit(submitted++);
+    const bool worked = batcher.step();
+    if (widest) *widest = std::max(*widest, batcher.stats().last_batch);
+    if (!worked && submitted == cs.size()) break;
+  }
+  for (int d : done) CHECK(d == 1);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a request gives the same answer alone and in any batch, at any thread count", "[runtime][batch]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_wide"));
+  for (cpu::Precision p : {cpu::Precision::kExact, cpu::Precision::kFast}) {
+    cpu::EngineOptions eo;
+    eo.precision = p;
+    eo.threads = 1;
+    INFO(cpu::precision_name(p));
+    const auto reference = alone(model, eo);
+    // The answers differ between requests (the comparison can fail).
+    CHECK(reference[0] != reference[1]);
+    int widest = 0;
+    CHECK(batched(model, eo, 5, false, &widest) == reference);
+    CHECK(widest >= 3);  // several sequences really shared passes
+    CHECK(batched(model, eo, 2, false) == reference);
+    CHECK(batched(model, eo, 3, true) == reference);
+    eo.threads = 2;
+    CHECK(batched(model, eo, 4, true) == reference);
+  }
+}
+
+TEST_CASE("the memory budget bounds the running requests; the rest wait their turn", "[runtime][batch]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  CpuEngine engine(model);
+  const auto cs = cases(*model);
+  std::size_t largest = 0;
+  for (const auto& c : cs) {
+    Sequence<CpuEngine, ReferenceSampler, CanvasScheduler<>> s(engine, c.prompt, c.options);
+    largest = std::max(largest, s.bytes());
+  }
+  Batcher::Limits limits;
+  limits.max_batch = 8;
+  limits.memory_budget_bytes = 2 * largest + largest / 2;  // room for two requests at most
+  Batcher batcher(engine, limits);
+  int finished = 0;
+  for (const auto& c : cs) {
+    Batcher::Request r;
+    r.prompt = c.prompt;
+    r.options = c.options;
+    r.on_done = [&](const GenerationResult&, const Status& st) {
+      CHECK(st.ok());
+      ++finished;
+    };
+    batcher.submit(std::move(r));
+  }
+  std::size_t most = 0;
+  while (batcher.step()) {
+    const auto st = batcher.stats();
+    most = std::max(most, st.active);
+    CHECK(st.bytes_in_use <= limits.memory_budget_bytes);
+  }
+  CHECK(finished == 5);
+  CHECK(most == 2);
+  CHECK(batcher.stats().bytes_in_use == 0);
+
+  // A request that can never fit is refused at once, naming the budget.
+  Batcher::Limits tiny;
+  tiny.memory_budget_bytes = 1024;
+  Batcher small(engine, tiny);
+  Batcher::Request r;
+  r.prompt = cs[0].prompt;
+  r.options = cs[0].options;
+  try {
+    small.submit(std::move(r));
+    FAIL("expected a refusal");
+  } catch (const Error& e) {
+    CHECK(e.code() == StatusCode::kOutOfRange);
+    CHECK(std::string(e.what()).find("memory budget") != std::string::npos);
+  }
+}
+
+TEST_CASE("a full queue refuses with kUnavailable; bad requests are refused at submit", "[runtime][batch]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  CpuEngine engine(model);
+  const auto cs = cases(*model);
+  Batcher::Limits limits;
+  limits.max_queue = 2;
+  Batcher batcher(engine, limits);
+  const auto request = [&](std::vector<std::int32_t> prompt) {
+    Batcher::Request r;
+    r.prompt = std::move(prompt);
+    r.options = cs[0].options;
+    return r;
+  };
+  batcher.submit(request(cs[0].prompt));
+  batcher.submit(request(cs[1].prompt));
+  try {
+    batcher.submit(request(cs[2].prompt));
+    FAIL("expected kUnavailable");
+  } catch (const Error& e) {
+    CHECK(e.code() == StatusCode::kUnavailable);
+  }
+  try {
+    batcher.submit(request({2, static_cast<std::int32_t>(model->config().vocab_size)}));
+    FAIL("expected an invalid token id");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("prompt") != std::string::npos);
+  }
+}
+
+TEST_CASE("cancellation ends a request before the next pass and frees its memory", "[runtime][batch]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_wide"));
+  cpu::EngineOptions eo;
+  eo.threads = 1;
+  const auto reference = alone(model, eo);
+  CpuEngine engine(model, eo);
+  Batcher batcher(engine, Batcher::Limits{});
+  const auto cs = cases(*model);
+  std::vector<Status> status(cs.size());
+  std::vector<std::vector<std::int32_t>> out(cs.size());
+  std::vector<Batcher::RequestId> ids;
+  std::map<std::size_t, int> steps_after_cancel;
+  bool cancelled = false;
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    Batcher::Request r;
+    r.prompt = cs[i].prompt;
+    r.options = cs[i].options;
+    r.callbacks.on_step = [&, i](const StepEvent&) {
+      if (cancelled && i == 1) ++steps_after_cancel[i];
+      return true;
+    };
+    r.on_done = [&, i](const GenerationResult& g, const Status& st) {
+      status[i] = st;
+      out[i] = answer(g);
+    };
+    ids.push_back(batcher.submit(std::move(r)));
+  }
+  batcher.step();  // prefill and the first step of everyone
+  batcher.step();
+  const std::size_t before = batcher.stats().bytes_in_use;
+  batcher.cancel(ids[1]);
+  cancelled = true;
+  batcher.step();
+  CHECK(steps_after_cancel[1] == 0);
+  CHECK(status[1].code() == StatusCode::kCancelled);
+  CHECK(batcher.stats().bytes_in_use < before);
+  while (batcher.step()) {
+  }
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    if (i == 1) continue;
+    CHECK(status[i].ok());
+    CHECK(out[i] == reference[i]);  // the others are undisturbed
+  }
+  CHECK(batcher.stats().bytes_in_use == 0);
+  CHECK(batcher.stats().cancelled == 1);
+}
+
+TEST_CASE("BatchDecoder lays rows out as transformers' batched generate does", "[runtime][batch]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  cpu::EngineOptions eo;
+  eo.threads = 1;
+  Decoder<CpuEngine> single(model, eo);
+  BatchDecoder<CpuEngine> batch(model, eo);
+  const auto cs = cases(*model);
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<Options> options;
+  for (const auto& c : cs) {
+    prompts.push_back(c.prompt);
+    Options o = c.options;
+    o.scheduler.max_new_tokens = 3 * model->config().canvas_length;  // transformers: one length for the batch
+    options.push_back(o);
+  }
+  const BatchResult r = batch.generate(prompts, options, BatchGenerateOptions{2, -7});
+  std::size_t longest = 0, width = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+  for (const auto& s : r.sequences) width = std::max(width, s.size());
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const GenerationResult alone_run = single.generate(prompts[i], options[i]);
+    CHECK(answer(r.rows[i]) == answer(alone_run));
+    const auto& s = r.sequences[i];
+    CHECK(s.size() == width);
+    const std::size_t pad = longest - prompts[i].size();
+    for (std::size_t j = 0; j < pad; ++j) CHECK(s[j] == -7);
+    CHECK(std::vector<std::int32_t>(s.begin() + pad, s.begin() + longest) == prompts[i]);
+    CHECK(std::vector<std::int32_t>(s.begin() + longest, s.begin() + longest + alone_run.tokens.size()) == alone_run.tokens);
+    for (std::size_t j = longest + alone_run.tokens.size(); j < s.size(); ++j) CHECK(s[j] == options[i].scheduler.pad_token_id);
+  }
+  // Mismatched options are refused before any work.
+  options.pop_back();
+  CHECK_THROWS_AS(batch.generate(prompts, options), Error);
+}
