@@ -47,6 +47,7 @@
 #include <diffusion_gemma/model/pass_plan.hpp>
 #include <diffusion_gemma/model/rope_table.hpp>
 #include <diffusion_gemma/model/token_id_check.hpp>
+#include <diffusion_gemma/sampler/batch_items.hpp>
 #include <diffusion_gemma/sampler/vocab_stats.hpp>
 
 namespace diffusion_gemma::cuda {
@@ -63,6 +64,12 @@ class Engine {
   using Attention = typename Backbone::Attention;
   using Experts = typename Backbone::Experts;
   using Cache = KvCache;
+  // A sequence's self-conditioning state, kept on the device between its denoising steps.
+  struct DenoiseState {
+    DeviceBuffer<float> soft;
+    bool valid = false;
+    std::int64_t rows = 0;
+  };
 
   explicit Engine(std::shared_ptr<const Model> model, EngineOptions opts = {})
       : model_(std::move(model)), cfg_(model_->config()), opts_(opts) {
@@ -183,6 +190,44 @@ class Engine {
     soft_valid_ = args.soft_embedding;
     soft_rows_ = n;
     copy_stats(n, stats);
+  }
+
+  // The batched forms ContinuousBatcher and BatchDecoder drive. There are no batched kernels on
+  // the GPU yet: the items run one after another with the single-sequence passes, each with its
+  // own cache and self-conditioning state, so the results are those of running them alone.
+  void encode_batch(const EncodeItem<KvCache>* items, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (items[i].cache == nullptr) throw_error(StatusCode::kInvalidArgument, "encode_batch: item ", i, " has no cache");
+      encode(items[i].ids, items[i].n, *items[i].cache);
+    }
+  }
+
+  void denoise_step_batch(DenoiseItem<KvCache, DenoiseState>* items, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      auto& it = items[i];
+      if (it.cache == nullptr || it.stats == nullptr || it.state == nullptr) {
+        throw_error(StatusCode::kInvalidArgument, "denoise_step_batch: item ", i, " needs a cache, a result and a state");
+      }
+      DenoiseState& st = *it.state;
+      const std::size_t need = static_cast<std::size_t>(std::max<std::int64_t>(it.n, 1) * cfg_.hidden_size);
+      if (st.soft.size() < need) {
+        st.soft = DeviceBuffer<float>(need, "self-conditioning state");
+        st.valid = false;
+      }
+      const auto exchange = [&] {
+        std::swap(soft_, st.soft);
+        std::swap(soft_valid_, st.valid);
+        std::swap(soft_rows_, st.rows);
+      };
+      exchange();
+      try {
+        denoise_step(it.canvas, it.n, it.first_step, *it.cache, it.args, *it.stats);
+      } catch (...) {
+        exchange();
+        throw;
+      }
+      exchange();
+    }
   }
 
   // Materialised LM head: logits [n, V] = hidden E^T, softcapped (host in and out). For parity
