@@ -198,9 +198,17 @@ class Engine {
   void encode_batch(const EncodeItem<KvCache>* items, std::size_t count) {
     for (std::size_t i = 0; i < count; ++i) {
       if (items[i].cache == nullptr) throw_error(StatusCode::kInvalidArgument, "encode_batch: item ", i, " has no cache");
+      const SequenceIndex scope(sequence_, static_cast<int>(i));
       encode(items[i].ids, items[i].n, *items[i].cache);
     }
   }
+
+  // The item index the attention policy sees while an item of a batched call runs (0 otherwise).
+  struct SequenceIndex {
+    SequenceIndex(int& slot, int value) : slot_(slot) { slot_ = value; }
+    ~SequenceIndex() { slot_ = 0; }
+    int& slot_;
+  };
 
   void denoise_step_batch(DenoiseItem<KvCache, DenoiseState>* items, std::size_t count) {
     for (std::size_t i = 0; i < count; ++i) {
@@ -220,6 +228,7 @@ class Engine {
         std::swap(soft_rows_, st.rows);
       };
       exchange();
+      const SequenceIndex scope(sequence_, static_cast<int>(i));
       try {
         denoise_step(it.canvas, it.n, it.first_step, *it.cache, it.args, *it.stats);
       } catch (...) {
@@ -582,6 +591,7 @@ class Engine {
     a.cache_capacity = cache.capacity();
     a.cached_begin = std::min(p0, Attention::first_visible_cached(mode, spec.type, W, p0));
     a.pass_begin = p0;
+    a.sequence = sequence_;
     a.tokens = static_cast<int>(T);
     a.num_heads = Hq;
     a.num_kv_heads = Hkv;
@@ -665,6 +675,7 @@ class Engine {
   DeviceBuffer<float> scratch_soft_;  // host-facing denoise / vocab_pass soft embeddings
   PinnedBuffer<std::int32_t> stats_host_;
   bool soft_valid_ = false;
+  int sequence_ = 0;  // see SequenceIndex
   std::int64_t soft_rows_ = 0;
 };
 
