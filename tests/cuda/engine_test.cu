@@ -24,6 +24,7 @@
 
 #include <diffusion_gemma/cuda/cuda.cuh>
 #include <diffusion_gemma/model/rope_table.hpp>
+#include <diffusion_gemma/runtime/batch_decoder.hpp>
 #include <diffusion_gemma/runtime/decoder.hpp>
 
 #include "fixtures.hpp"
@@ -346,6 +347,27 @@ TEST_CASE("the reference sampler runs on the BF16 device engine", "[cuda][engine
     CHECK(t >= 0);
     CHECK(t < ckpt.config.vocab_size);
   }
+}
+
+TEST_CASE("a batch on the device engine gives every row what it gets alone", "[cuda][engine][batch]") {
+  const std::string dir = dg_test::fixture("dg_wide");
+  const HostCheckpoint ckpt = dg_cuda_test::load_checkpoint(dir);
+  auto model = device_model(ckpt, DType::kF32);
+  Decoder<dc::Engine<DiffusionGemmaBackbone>> single(model);
+  BatchDecoder<dc::Engine<DiffusionGemmaBackbone>> batch(model);
+  std::vector<std::vector<std::int32_t>> prompts{{2, 17, 99, 3}, {2, 5}, {2, 40, 41, 42, 43, 44, 45, 46, 47}};
+  std::vector<decltype(batch)::Options> options;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    auto o = decltype(batch)::default_options(ckpt.generation);
+    o.scheduler.max_new_tokens = 2 * ckpt.config.canvas_length;
+    o.sampler.rng.seed = 11 + i;
+    options.push_back(o);
+  }
+  const BatchResult r = batch.generate(prompts, options);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CHECK(r.rows[i].tokens == single.generate(prompts[i], options[i]).tokens);
+  }
+  CHECK(r.rows[0].tokens != r.rows[1].tokens);
 }
 
 TEST_CASE("cuda::KvCache truncate re-runs a commit exactly", "[cuda][engine]") {

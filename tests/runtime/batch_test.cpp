@@ -279,3 +279,64 @@ TEST_CASE("BatchDecoder lays rows out as transformers' batched generate does", "
   options.pop_back();
   CHECK_THROWS_AS(batch.generate(prompts, options), Error);
 }
+
+namespace {
+
+// Masks by place in the pass: sequence 1 gets the JAX canvas window, every other sequence
+// transformers' masks.
+struct PerSequenceAttention {
+  static bool visible(AttentionMode mode, LayerType type, int window, std::int64_t query_pos, std::int64_t key_pos,
+                      std::int64_t pass_begin, int sequence) {
+    return sequence == 1 ? JaxCanvasAttention::visible(mode, type, window, query_pos, key_pos, pass_begin)
+                         : Gemma4Attention::visible(mode, type, window, query_pos, key_pos, pass_begin);
+  }
+  static std::int64_t first_visible_cached(AttentionMode mode, LayerType type, int window, std::int64_t pass_begin) {
+    return Gemma4Attention::first_visible_cached(mode, type, window, pass_begin);
+  }
+};
+
+template <class E>
+VocabPassResult one_step(E& engine, const typename E::Cache& cache, const std::vector<std::int32_t>& canvas) {
+  VocabPassArgs args;
+  args.key = DrawKey{5, 0, 0};
+  VocabPassResult r;
+  engine.denoise_step(canvas.data(), static_cast<std::int64_t>(canvas.size()), true, cache, args, r);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the attention policy receives each sequence's index in a batched pass", "[runtime][batch]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_wide"));
+  cpu::EngineOptions eo;
+  eo.threads = 1;
+  cpu::Engine<Backbone<PerSequenceAttention, Gemma4MoE>> mixed(model, eo);
+  cpu::Engine<Backbone<Gemma4Attention, Gemma4MoE>> reference(model, eo);
+  cpu::Engine<Backbone<JaxCanvasAttention, Gemma4MoE>> jax(model, eo);
+  const int C = model->config().canvas_length;
+  std::vector<std::int32_t> prompt{2}, canvas;
+  for (int i = 0; i < 3 * model->config().sliding_window; ++i) prompt.push_back(3 + (i * 17) % 100);
+  for (int i = 0; i < C; ++i) canvas.push_back(5 + (i * 29) % 100);
+  auto cache = mixed.make_cache(static_cast<std::int64_t>(prompt.size()) + C);
+  mixed.encode(prompt.data(), static_cast<std::int64_t>(prompt.size()), cache);  // encoder masks agree
+
+  using Item = DenoiseItem<cpu::KvCache, std::vector<float>>;
+  VocabPassResult out[2];
+  std::vector<float> state[2];
+  Item items[2];
+  for (int i = 0; i < 2; ++i) {
+    items[i].canvas = canvas.data();
+    items[i].n = C;
+    items[i].cache = &cache;  // denoising only reads the cache: both read one
+    items[i].args.key = DrawKey{5, 0, 0};
+    items[i].stats = &out[i];
+    items[i].state = &state[i];
+  }
+  mixed.denoise_step_batch(items, 2);
+  const VocabPassResult a = one_step(reference, cache, canvas), b = one_step(jax, cache, canvas);
+  CHECK(a.entropy != b.entropy);  // the two masks really differ on this prompt
+  CHECK(out[0].entropy == a.entropy);
+  CHECK(out[0].argmax == a.argmax);
+  CHECK(out[1].entropy == b.entropy);
+  CHECK(out[1].argmax == b.argmax);
+}

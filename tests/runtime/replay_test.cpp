@@ -16,6 +16,7 @@
 
 #include "support/catch.hpp"
 #include "support/paths.hpp"
+#include "support/replay_settings.hpp"
 
 using namespace diffusion_gemma;
 using ReplayDecoder = Decoder<cpu::Engine<DiffusionGemmaBackbone>, ReplaySampler>;
@@ -38,17 +39,7 @@ Expected read_expected(const std::string& path, const GenerationConfig& defaults
   e.steps = j.at("steps").get<std::vector<int>>();
   e.stop = j.at("stop").get<std::vector<std::string>>();
   e.options = ReplayDecoder::default_options(defaults);
-  const auto& s = j.at("settings");
-  auto& o = e.options;
-  o.scheduler.max_new_tokens = s.at("max_new_tokens").get<int>();
-  o.sampler.max_denoising_steps = s.at("max_denoising_steps").get<int>();
-  o.sampler.schedule.t_min = s.at("t_min").get<double>();
-  o.sampler.schedule.t_max = s.at("t_max").get<double>();
-  o.sampler.stopping.stability_threshold = s.at("stability_threshold").get<int>();
-  o.sampler.stopping.confidence_threshold = s.at("confidence_threshold").get<double>();
-  o.sampler.acceptance.entropy_bound = s.at("sampler_config").at("entropy_bound").get<double>();
-  o.scheduler.stop_token_ids = s.at("eos_token_id").get<std::vector<int>>();
-  o.scheduler.pad_token_id = s.at("pad_token_id").get<int>();
+  dg_test::apply_replay_settings(j.at("settings"), e.options);
   return e;
 }
 

@@ -607,16 +607,16 @@ class Engine {
     std::int64_t row0 = 0;
     for (std::size_t i = 0; i < count; ++i) {
       const Segment& sg = segs[i];
-      attend(l, mode, sg.T, *sg.cache, sg.write_to, sg.p0, q + row0 * Hq * D, k + row0 * Hkv * D, v + row0 * Hkv * D,
-             ws_.attn.data() + row0 * Hq * D);
+      attend(l, mode, static_cast<int>(i), sg.T, *sg.cache, sg.write_to, sg.p0, q + row0 * Hq * D, k + row0 * Hkv * D,
+             v + row0 * Hkv * D, ws_.attn.data() + row0 * Hq * D);
       row0 += sg.T;
     }
     linear(ctx_, W.o_proj, ws_.attn.data(), Hq * D, T, out, H);
   }
 
-  // The attention core of one segment: its T query rows at positions p0.. against its cached
-  // keys and its own new keys (q, k, v, attn point at the segment's first row).
-  void attend(int l, AttentionMode mode, std::int64_t T, const KvCache& cache, KvCache* write_to, std::int64_t p0,
+  // The attention core of segment `sequence`: its T query rows at positions p0.. against its
+  // cached keys and its own new keys (q, k, v, attn point at the segment's first row).
+  void attend(int l, AttentionMode mode, int sequence, std::int64_t T, const KvCache& cache, KvCache* write_to, std::int64_t p0,
               const float* q, const float* k, const float* v, float* attn) {
     const LayerSpec& spec = cfg_.layers[l];
     const int D = spec.head_dim, Hq = cfg_.num_heads, Hkv = spec.num_kv_heads;
@@ -634,7 +634,7 @@ class Engine {
           std::uint8_t* row = ws_.visible.data() + i * Nk;
           for (std::int64_t j = 0; j < Nk; ++j) {
             const std::int64_t key_pos = j < Np ? lo + j : p0 + (j - Np);
-            row[j] = Attention::visible(mode, spec.type, Wn, p0 + i, key_pos, p0) ? 1 : 0;
+            row[j] = attention_visible<Attention>(mode, spec.type, Wn, p0 + i, key_pos, p0, sequence) ? 1 : 0;
           }
         },
         ctx_.threads);

@@ -47,6 +47,7 @@
 #include <diffusion_gemma/model/pass_plan.hpp>
 #include <diffusion_gemma/model/rope_table.hpp>
 #include <diffusion_gemma/model/token_id_check.hpp>
+#include <diffusion_gemma/sampler/batch_items.hpp>
 #include <diffusion_gemma/sampler/vocab_stats.hpp>
 
 namespace diffusion_gemma::cuda {
@@ -63,6 +64,12 @@ class Engine {
   using Attention = typename Backbone::Attention;
   using Experts = typename Backbone::Experts;
   using Cache = KvCache;
+  // A sequence's self-conditioning state, kept on the device between its denoising steps.
+  struct DenoiseState {
+    DeviceBuffer<float> soft;
+    bool valid = false;
+    std::int64_t rows = 0;
+  };
 
   explicit Engine(std::shared_ptr<const Model> model, EngineOptions opts = {})
       : model_(std::move(model)), cfg_(model_->config()), opts_(opts) {
@@ -183,6 +190,53 @@ class Engine {
     soft_valid_ = args.soft_embedding;
     soft_rows_ = n;
     copy_stats(n, stats);
+  }
+
+  // The batched forms ContinuousBatcher and BatchDecoder drive. There are no batched kernels on
+  // the GPU yet: the items run one after another with the single-sequence passes, each with its
+  // own cache and self-conditioning state, so the results are those of running them alone.
+  void encode_batch(const EncodeItem<KvCache>* items, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (items[i].cache == nullptr) throw_error(StatusCode::kInvalidArgument, "encode_batch: item ", i, " has no cache");
+      const SequenceIndex scope(sequence_, static_cast<int>(i));
+      encode(items[i].ids, items[i].n, *items[i].cache);
+    }
+  }
+
+  // The item index the attention policy sees while an item of a batched call runs (0 otherwise).
+  struct SequenceIndex {
+    SequenceIndex(int& slot, int value) : slot_(slot) { slot_ = value; }
+    ~SequenceIndex() { slot_ = 0; }
+    int& slot_;
+  };
+
+  void denoise_step_batch(DenoiseItem<KvCache, DenoiseState>* items, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      auto& it = items[i];
+      if (it.cache == nullptr || it.stats == nullptr || it.state == nullptr) {
+        throw_error(StatusCode::kInvalidArgument, "denoise_step_batch: item ", i, " needs a cache, a result and a state");
+      }
+      DenoiseState& st = *it.state;
+      const std::size_t need = static_cast<std::size_t>(std::max<std::int64_t>(it.n, 1) * cfg_.hidden_size);
+      if (st.soft.size() < need) {
+        st.soft = DeviceBuffer<float>(need, "self-conditioning state");
+        st.valid = false;
+      }
+      const auto exchange = [&] {
+        std::swap(soft_, st.soft);
+        std::swap(soft_valid_, st.valid);
+        std::swap(soft_rows_, st.rows);
+      };
+      exchange();
+      const SequenceIndex scope(sequence_, static_cast<int>(i));
+      try {
+        denoise_step(it.canvas, it.n, it.first_step, *it.cache, it.args, *it.stats);
+      } catch (...) {
+        exchange();
+        throw;
+      }
+      exchange();
+    }
   }
 
   // Materialised LM head: logits [n, V] = hidden E^T, softcapped (host in and out). For parity
@@ -537,6 +591,7 @@ class Engine {
     a.cache_capacity = cache.capacity();
     a.cached_begin = std::min(p0, Attention::first_visible_cached(mode, spec.type, W, p0));
     a.pass_begin = p0;
+    a.sequence = sequence_;
     a.tokens = static_cast<int>(T);
     a.num_heads = Hq;
     a.num_kv_heads = Hkv;
@@ -620,6 +675,7 @@ class Engine {
   DeviceBuffer<float> scratch_soft_;  // host-facing denoise / vocab_pass soft embeddings
   PinnedBuffer<std::int32_t> stats_host_;
   bool soft_valid_ = false;
+  int sequence_ = 0;  // see SequenceIndex
   std::int64_t soft_rows_ = 0;
 };
 

@@ -60,13 +60,45 @@ struct JaxCanvasAttention {
   }
 };
 
+// A policy may also take a seventh argument, the sequence's index in a batched pass (its place
+// among the pass's sequences, as flashinfer's attention variants get the batch index), to mask
+// sequences differently. Masks that use it make a sequence's result depend on where it runs.
 template <class A, class = void>
-struct is_attention_policy : std::false_type {};
+struct takes_sequence_index : std::false_type {};
 template <class A>
-struct is_attention_policy<
-    A, std::void_t<decltype(static_cast<bool (*)(AttentionMode, LayerType, int, std::int64_t, std::int64_t,
-                                                 std::int64_t)>(&A::visible)),
-                   decltype(static_cast<std::int64_t (*)(AttentionMode, LayerType, int, std::int64_t)>(
-                       &A::first_visible_cached))>> : std::true_type {};
+struct takes_sequence_index<A, std::void_t<decltype(static_cast<bool (*)(AttentionMode, LayerType, int, std::int64_t,
+                                                                         std::int64_t, std::int64_t, int)>(&A::visible))>>
+    : std::true_type {};
+
+template <class A, class = void>
+struct has_plain_visible : std::false_type {};
+template <class A>
+struct has_plain_visible<A, std::void_t<decltype(static_cast<bool (*)(AttentionMode, LayerType, int, std::int64_t,
+                                                                      std::int64_t, std::int64_t)>(&A::visible))>>
+    : std::true_type {};
+
+template <class A, class = void>
+struct has_first_visible_cached : std::false_type {};
+template <class A>
+struct has_first_visible_cached<A, std::void_t<decltype(static_cast<std::int64_t (*)(AttentionMode, LayerType, int, std::int64_t)>(
+                                       &A::first_visible_cached))>> : std::true_type {};
+
+template <class A>
+struct is_attention_policy
+    : std::integral_constant<bool, (has_plain_visible<A>::value || takes_sequence_index<A>::value) &&
+                                       has_first_visible_cached<A>::value> {};
+
+// Whether key_pos is visible to query_pos in sequence `sequence` of the pass, through whichever
+// form of visible() the policy has.
+template <class A>
+DG_HOST_DEVICE bool attention_visible(AttentionMode mode, LayerType type, int window, std::int64_t query_pos,
+                                      std::int64_t key_pos, std::int64_t pass_begin, int sequence) {
+  if constexpr (takes_sequence_index<A>::value) {
+    return A::visible(mode, type, window, query_pos, key_pos, pass_begin, sequence);
+  } else {
+    (void)sequence;
+    return A::visible(mode, type, window, query_pos, key_pos, pass_begin);
+  }
+}
 
 }  // namespace diffusion_gemma

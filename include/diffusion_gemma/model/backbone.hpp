@@ -15,7 +15,8 @@ template <class Attention_, class Experts_>
 struct Backbone {
   static_assert(is_attention_policy<Attention_>::value,
                 "Backbone<Attention, Experts>: Attention must provide static DG_HOST_DEVICE "
-                "bool visible(AttentionMode, LayerType, int, int64_t, int64_t, int64_t) and "
+                "bool visible(AttentionMode, LayerType, int, int64_t, int64_t, int64_t) (optionally with a last int "
+                "sequence index) and "
                 "int64_t first_visible_cached(AttentionMode, LayerType, int, int64_t); see model/attention.hpp");
   static_assert(is_experts_policy<Experts_>::value,
                 "Backbone<Attention, Experts>: Experts must provide static constexpr bool kMixtureOfExperts "

@@ -60,6 +60,7 @@ class ContinuousBatcher {
     std::size_t queued = 0, active = 0, bytes_in_use = 0;
     int last_batch = 0;               // sequences in the last denoising pass
     std::uint64_t passes = 0;         // batched passes run (encoder and denoiser)
+    std::uint64_t denoise_passes = 0; // of which denoising steps
     std::uint64_t denoise_rows = 0;   // canvas positions denoised
     std::uint64_t denoise_steps = 0;  // sequence-steps (a pass over 4 sequences counts 4)
     std::uint64_t completed = 0, cancelled = 0, failed = 0;
@@ -248,7 +249,10 @@ class ContinuousBatcher {
   void count_pass(int batch, std::uint64_t rows, std::uint64_t steps) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.passes;
-    if (batch > 0) stats_.last_batch = batch;
+    if (batch > 0) {
+      stats_.last_batch = batch;
+      ++stats_.denoise_passes;
+    }
     stats_.denoise_rows += rows;
     stats_.denoise_steps += steps;
   }

@@ -42,6 +42,7 @@ struct AttentionParams {
   std::int64_t cache_capacity = 0;
   std::int64_t cached_begin = 0;  // first cached position read; cached keys are [cached_begin, pass_begin)
   std::int64_t pass_begin = 0;    // position of new token 0 (the cache length before the pass)
+  int sequence = 0;               // the sequence's index in a batched call (attention_visible)
   int tokens = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
   int window = 0;  // sliding_window
   AttentionMode mode = AttentionMode::kEncoder;
@@ -137,8 +138,8 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(AttentionP
     const std::int64_t key = k0 + lane;
     const std::int64_t kpos = key < num_cached ? p.cached_begin + key : p.pass_begin + (key - num_cached);
     const bool in_range = key < num_keys;
-    const bool vis_a = valid_a && in_range && Attention::visible(p.mode, p.type, p.window, qpos_a, kpos, p.pass_begin);
-    const bool vis_b = valid_b && in_range && Attention::visible(p.mode, p.type, p.window, qpos_b, kpos, p.pass_begin);
+    const bool vis_a = valid_a && in_range && attention_visible<Attention>(p.mode, p.type, p.window, qpos_a, kpos, p.pass_begin, p.sequence);
+    const bool vis_b = valid_b && in_range && attention_visible<Attention>(p.mode, p.type, p.window, qpos_b, kpos, p.pass_begin, p.sequence);
     // A tile no row of the block can see is skipped whole (causal future, outside a window).
     // The barrier also orders the previous tile's P V reads before this tile's loads.
     if (!__syncthreads_or(vis_a || vis_b)) continue;
