@@ -4,6 +4,7 @@
 //   - products with a weight (linear, linear_transposed, grouped_linear) against a double-precision
 //     sum, for F32, BF16 and F16 weights, with sizes that are not multiples of any panel or tile;
 //   - the exact precision's promise: AVX2 and AVX-512 give the same bits, at any thread count;
+//   - matrices packed for AMX tiles give the bits of the row-major tile kernel;
 //   - the vector exp / tanh / GELU against core/math.hpp's scalar definitions, bit for bit.
 #include <cmath>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <diffusion_gemma/core/float16.hpp>
 #include <diffusion_gemma/cpu/isa.hpp>
 #include <diffusion_gemma/cpu/linear.hpp>
+#include <diffusion_gemma/cpu/tile_pack.hpp>
 #include <diffusion_gemma/cpu/vmath.hpp>
 
 #include "support/catch.hpp"
@@ -200,6 +202,61 @@ TEST_CASE("grouped_linear runs each group's rows through that group's weight", "
     INFO(cpu::isa_name(isa));
     CHECK(y == expect);
   }
+}
+
+TEST_CASE("matrices packed for AMX tiles give the bits of the row-major tile kernel", "[cpu][kernels][tiles]") {
+  if (cpu::cpu_features().best() < cpu::Isa::kAmx) {
+    WARN("no AMX on this CPU: the packed tile kernel is not run here (" << cpu::cpu_features().flags() << ")");
+    return;
+  }
+  std::mt19937 rng(77);
+  cpu::KernelContext ctx;
+  ctx.isa = cpu::Isa::kAmx;
+  ctx.precision = cpu::Precision::kFast;
+  ctx.threads = 2;
+  ctx.row_invariant = true;
+  // Both kernels sum the same bf16 products in the same order: the results must be equal, bit for
+  // bit, including the tails of every tile dimension and products split across threads.
+  const auto same_bits = [&](const Weight& rows, const Weight& packed, std::int64_t m, bool accumulate) {
+    const std::int64_t n = rows.rows(), k = rows.cols(), ldx = k + 3, ldy = n + 5;
+    const auto x = random_floats(static_cast<std::size_t>(m * ldx), rng);
+    auto want = random_floats(static_cast<std::size_t>(m * ldy), rng);
+    auto got = want;
+    cpu::linear(ctx, rows, x.data(), ldx, m, want.data(), ldy, accumulate);
+    cpu::linear(ctx, packed, x.data(), ldx, m, got.data(), ldy, accumulate);
+    return got == want;
+  };
+  struct Size {
+    std::int64_t m, n, k;
+  };
+  const Size sizes[] = {{1, 5, 7}, {4, 64, 128}, {13, 70, 257}, {37, 129, 512}, {16, 32, 64}, {40, 300, 700},
+                        {256, 128, 128}, {18, 33, 4200}};
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Size& s : sizes) {
+      const TestWeight w = make_weight(dtype, s.n, s.k, rng, 1, dtype == DType::kF32 ? 2 : 0);
+      Weight packed = w.view;
+      cpu::detail::pack_matrix_tiles(packed, /*release_mapped=*/false);
+      REQUIRE(packed.tiles != nullptr);
+      for (bool accumulate : {false, true}) {
+        INFO(dtype_label(dtype) << " m " << s.m << " n " << s.n << " k " << s.k << (accumulate ? " accumulate" : ""));
+        CHECK(same_bits(w.view, packed, s.m, accumulate));
+      }
+    }
+  }
+  // Expert groups and row ranges are views into the packed copy.
+  const TestWeight e = make_weight(DType::kBF16, 48, 40, rng, 5);
+  Weight packed = e.view;
+  cpu::detail::pack_matrix_tiles(packed, false);
+  for (std::int64_t g = 0; g < 5; ++g) {
+    INFO("group " << g);
+    CHECK(packed.group(g).tile_data() != nullptr);
+    CHECK(same_bits(e.view.group(g), packed.group(g), 21, false));
+  }
+  const Weight one = packed.group(3);
+  CHECK(one.row_range(16, 20).tile_data() != nullptr);
+  CHECK(same_bits(e.view.group(3).row_range(16, 20), one.row_range(16, 20), 9, true));
+  CHECK(one.row_range(5, 20).tile_data() == nullptr);  // not on a tile boundary: row-major kernels
+  CHECK(same_bits(e.view.group(3).row_range(5, 20), one.row_range(5, 20), 9, false));
 }
 
 TEST_CASE("vector exp, tanh and GELU equal the scalar definitions bit for bit", "[cpu][kernels][math]") {

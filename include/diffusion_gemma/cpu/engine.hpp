@@ -80,6 +80,7 @@ class Engine {
     ctx_.precision = opts_.precision;
     ctx_.row_invariant = opts_.batch_invariant;
     ctx_.threads = resolve_threads(opts_.threads);
+    weights_ = ctx_.bf16_tiles() ? &model_->tiled_weights() : &model_->weights();
     check_max_pass_tokens(opts_.max_pass_tokens, "cpu::EngineOptions::max_pass_tokens");
     // Encoder passes run max_pass_tokens at a time; the workspace also holds a whole canvas.
     base_rows_ = std::max<std::int64_t>(opts_.max_pass_tokens, cfg_.is_diffusion() ? cfg_.canvas_length : 1);
@@ -227,7 +228,7 @@ class Engine {
             float* row = logits + t * V;
             for (std::int64_t i = 0; i < V; ++i) row[i] = math::softcap(row[i], cap);
           },
-          ctx_.threads);
+          threads_for(n, V));
     }
   }
 
@@ -320,7 +321,7 @@ class Engine {
           const float inv = static_cast<float>(1.0 / s);
           for (std::int64_t i = 0; i < V; ++i) p[i] *= inv;
         },
-        ctx_.threads);
+        threads_for(n, V));
     linear_transposed(ctx_, model_->weights().embed_tokens, probs.data(), V, n, out, H);
     const float scale = model_->embed_scale();
     for (std::int64_t i = 0; i < n * H; ++i) out[i] *= scale;
@@ -447,7 +448,7 @@ class Engine {
       }
       soft = ws_.sc_in.data();
     }
-    const SelfConditioningWeights& sc = model_->weights().self_conditioning;
+    const SelfConditioningWeights& sc = weights_->self_conditioning;
     float* n = ws_.h.data();
     norm_rows(soft, model_->vector(-1, Param::kScPreNorm), rows, n);
     gated_mlp(n, rows, sc.gate_proj, sc.up_proj, sc.down_proj, ws_.o.data());
@@ -472,8 +473,13 @@ class Engine {
     linear(ctx_, Wg, in, H, T, g, I);
     linear(ctx_, Wu, in, H, T, u, I);
     parallel_for(
-        T, [&](std::int64_t t) { vmath::gelu_mul(ctx_.isa, g + t * I, u + t * I, I); }, ctx_.threads);
+        T, [&](std::int64_t t) { vmath::gelu_mul(ctx_.isa, g + t * I, u + t * I, I); }, threads_for(T, I));
     linear(ctx_, Wd, g, I, T, out, H);
+  }
+
+  // Threads for a row-wise region: `rows` rows of `per_row` elementary operations each.
+  int threads_for(std::int64_t rows, std::int64_t per_row) const {
+    return threads_for_work(ctx_.threads, static_cast<double>(rows) * static_cast<double>(per_row));
   }
 
   void norm_rows(const float* in, const float* weight, std::int64_t T, float* out) const {
@@ -481,13 +487,13 @@ class Engine {
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
     parallel_for(
         T, [&](std::int64_t t) { vmath::rms_norm_row(ctx_.isa, in + t * H, weight, H, eps, out + t * H); },
-        ctx_.threads);
+        threads_for(T, H));
   }
 
   // One layer. The row-wise steps between the products (norms, residual adds, the layer scalar) run
   // in as few parallel regions as the data flow allows: each region start costs a thread wake-up.
   void layer(int l, AttentionMode mode, std::int64_t T, const Segment* segs, std::size_t count) {
-    const LayerWeights& W = model_->layer(l);
+    const LayerWeights& W = weights_->layers[static_cast<std::size_t>(l)];
     const int H = cfg_.hidden_size;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
     const Isa isa = ctx_.isa;
@@ -510,7 +516,7 @@ class Engine {
           for (int i = 0; i < H; ++i) xr[i] += ar[i];
           vmath::rms_norm_row(isa, xr, pre_ff, H, eps, h + t * H);
         },
-        ctx_.threads);
+        threads_for(T, 3 * H));
     // Feed-forward block on the post-attention residual r = x.
     gated_mlp(h, T, W.mlp_gate, W.mlp_up, W.mlp_down, d);
     const float scalar = model_->layer_scalar(l);
@@ -531,7 +537,7 @@ class Engine {
             vmath::rms_norm_row(isa, sr, post_ff, H, eps, sr);
             for (int i = 0; i < H; ++i) xr[i] = (xr[i] + sr[i]) * scalar;
           },
-          ctx_.threads);
+          threads_for(T, 4 * H));
     } else {
       const float* post_ff = model_->vector(l, Param::kPostFeedforwardLayernorm);
       parallel_for(
@@ -542,7 +548,7 @@ class Engine {
             vmath::rms_norm_row(isa, d + t * H, post_ff, H, eps, sr);
             for (int i = 0; i < H; ++i) xr[i] = (xr[i] + sr[i]) * scalar;
           },
-          ctx_.threads);
+          threads_for(T, 4 * H));
     }
   }
 
@@ -566,7 +572,7 @@ class Engine {
   void attention(int l, AttentionMode mode, std::int64_t T, const Segment* segs, std::size_t count, const float* h,
                  float* out) {
     const LayerSpec& spec = cfg_.layers[l];
-    const LayerWeights& W = model_->layer(l);
+    const LayerWeights& W = weights_->layers[static_cast<std::size_t>(l)];
     const int H = cfg_.hidden_size, D = spec.head_dim, Hq = cfg_.num_heads, Hkv = spec.num_kv_heads;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
     float* q = ws_.q.data();
@@ -603,7 +609,7 @@ class Engine {
             rotate(kr);
           }
         },
-        ctx_.threads);
+        threads_for(T, 4 * (Hq + 2 * Hkv) * D));
     std::int64_t row0 = 0;
     for (std::size_t i = 0; i < count; ++i) {
       const Segment& sg = segs[i];
@@ -637,7 +643,7 @@ class Engine {
             row[j] = attention_visible<Attention>(mode, spec.type, Wn, p0 + i, key_pos, p0, sequence) ? 1 : 0;
           }
         },
-        ctx_.threads);
+        threads_for(T, Nk));
     // Queries go in blocks of kQueryBlock rows; each block computes scores only over the span of
     // keys some row of it sees (a causal block skips the keys after its last row).
     const std::int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
@@ -706,7 +712,7 @@ class Engine {
                       /*accumulate=*/c1 > c0);
           }
         },
-        ctx_.threads);
+        threads_for(T, 2 * Hq * Nk * D));
     }
     if (write_to != nullptr) {
       for (int g = 0; g < Hkv; ++g) {
@@ -792,13 +798,13 @@ class Engine {
           amx::values_on_tiles(pb, rows, ws_.values_bf16.data() + value_tiles * static_cast<std::size_t>(g), a0 / 32,
                                span / 32, D, oh, Hq * D, false);
         },
-        ctx_.threads);
+        threads_for(T, 2 * Hq * Nk * D));
   }
 #endif
 
   // Router (on the residual r) and experts (on pre_ff_2(r)); writes the combined output [T, H].
   void mixture_of_experts(int l, std::int64_t T, const float* r, float* out) {
-    const LayerWeights& W = model_->layer(l);
+    const LayerWeights& W = weights_->layers[static_cast<std::size_t>(l)];
     const int H = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.top_k_experts, Im = cfg_.moe_intermediate_size;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
     // Router input: rms_noscale(r) * scale * hidden^-0.5, in that order (transformers').
@@ -812,7 +818,7 @@ class Engine {
           vmath::rms_norm_row(ctx_.isa, r + t * H, nullptr, H, eps, row);
           for (int i = 0; i < H; ++i) row[i] = (row[i] * scale[i]) * root;
         },
-        ctx_.threads);
+        threads_for(T, 2 * H));
     // The router stays exact in every precision: its top-k choice is where rounding would show.
     KernelContext exact = ctx_;
     exact.precision = Precision::kExact;
@@ -857,7 +863,7 @@ class Engine {
           const float* src = r + static_cast<std::int64_t>(ws_.rows_of_expert[j]) * H;
           vmath::rms_norm_row(ctx_.isa, src, pre_ff_2, H, eps, in + j * H);
         },
-        ctx_.threads);
+        threads_for(rows, H));
     grouped_linear(ctx_, W.experts_gate_up, in, H, ws_.expert_begin.data(), mid, 2 * Im);
     parallel_for(
         rows,
@@ -865,7 +871,7 @@ class Engine {
           float* row = mid + j * 2 * Im;  // gate rows first, then up rows: [gate | up]
           vmath::gelu_mul(ctx_.isa, row, row + Im, Im);
         },
-        ctx_.threads);
+        threads_for(rows, Im));
     grouped_linear(ctx_, W.experts_down, mid, 2 * Im, ws_.expert_begin.data(), y, H);
     // Sum each token's K contributions, weighted, in ascending expert order, as transformers' index_add.
     std::vector<std::int64_t>& row_of_slot = slot_rows_;
@@ -887,13 +893,14 @@ class Engine {
             for (int i = 0; i < H; ++i) o[i] += src[i] * w;
           }
         },
-        ctx_.threads);
+        threads_for(T, K * H));
   }
 
   std::shared_ptr<const Model> model_;
   const ModelConfig& cfg_;
   EngineOptions opts_;
   KernelContext ctx_;
+  const ModelWeights* weights_ = nullptr;  // the model's, or its tile-packed copy on AMX tiles
   RopeTables rope_ = RopeTables::build(cfg_);
   std::int64_t base_rows_ = 0;  // rows reserved at construction: an encoder chunk or a canvas
   std::int64_t reserved_ = 0;

@@ -112,13 +112,17 @@ inline void gemm_exact(const KernelContext& ctx, kernels::Gemm g) {
   }
 }
 
+// Products of fewer multiply-adds run on the calling thread: a second thread's wake-up and join
+// cost about as much as the work it would take over.
+inline constexpr double kMinSharedProduct = double(1 << 20);
+
 // Splits the output columns into pieces (multiples of 32, the widest panel) and runs them in
 // parallel. Which thread computes a column never changes its value.
 template <class F>
 void over_columns(const KernelContext& ctx, std::int64_t m, std::int64_t n, std::int64_t k, F&& f) {
   const int threads = resolve_threads(ctx.threads);
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  if (threads <= 1 || work < 1 << 20 || n <= 32) {
+  if (threads <= 1 || work < kMinSharedProduct || n <= 32) {
     f(std::int64_t{0}, n);
     return;
   }
@@ -233,6 +237,15 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
   g.k = k;
   g.accumulate = accumulate;
 #if DG_X86_KERNELS
+  if (detail::tiles_for(ctx, m) && w.tiles) {  // packed at load (cpu/tile_pack.hpp): no transpose
+    std::uint16_t* xa = kernels::scratch<std::uint16_t, 4>(kernels::amx::packed_size(m, k));
+    kernels::amx::pack_activations_rows(x, ldx, m, k, xa);
+    const std::uint16_t* wp = w.tile_data();
+    detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
+      kernels::amx::xw_packed(wp + kernels::amx::packed_weight_offset(n0, k), xa, m, k, n1 - n0, y + n0, ldy, accumulate);
+    });
+    return;
+  }
   if (detail::tiles_for(ctx, m)) {
     std::uint16_t* xp = kernels::scratch<std::uint16_t, 4>(kernels::amx::packed_size(m, k));
     kernels::amx::pack_activations_pairs(x, ldx, m, k, xp);
@@ -328,16 +341,19 @@ inline void linear_transposed(const KernelContext& ctx, const Weight& w, const f
 }
 
 // Experts: for a weight [groups, out, in], rows [begin[g], begin[g + 1]) of x go through group g.
-// One task per group (each group's weights are read once, by one thread).
+// One task per group (each group's weights are read once, by one thread); on the calling thread
+// alone when all groups together are too little work to share (the same bound as over_columns).
 inline void grouped_linear(const KernelContext& ctx, const Weight& w, const float* x, std::int64_t ldx,
                            const std::int64_t* begin, float* y, std::int64_t ldy) {
+  const double work = static_cast<double>(begin[w.groups()] - begin[0]) * static_cast<double>(w.group(0).rows()) *
+                      static_cast<double>(w.group(0).cols());
   parallel_for(
       w.groups(),
       [&](std::int64_t e) {
         const std::int64_t b = begin[e], rows = begin[e + 1] - b;
         if (rows > 0) linear(ctx, w.group(e), x + b * ldx, ldx, rows, y + b * ldy, ldy, false, /*serial=*/true);
       },
-      ctx.threads);
+      work < detail::kMinSharedProduct ? 1 : ctx.threads);
 }
 
 namespace detail {

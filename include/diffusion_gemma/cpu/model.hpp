@@ -4,17 +4,21 @@
 // used in place from the memory map (io/load.hpp): a BF16 checkpoint costs its BF16 bytes of
 // memory, once, shared with the page cache. Only the vectors (norm weights, router scales, layer
 // scalars: a few KiB per layer) are widened to fp32 copies, since every use reads them as fp32.
+// Engines that multiply on AMX tiles use a packed copy of the matrices instead (tiled_weights),
+// which takes the place of the mapped pages it was made from.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <sys/mman.h>
 
 #include <diffusion_gemma/core/status.hpp>
+#include <diffusion_gemma/cpu/tile_pack.hpp>
 #include <diffusion_gemma/io/load.hpp>
 #include <diffusion_gemma/model/config.hpp>
 #include <diffusion_gemma/model/weights.hpp>
@@ -83,6 +87,16 @@ class Model {
   }
   float layer_scalar(int l) const { return *vector(l, Param::kLayerScalar); }
 
+  // The weights with the matrices the fast AMX engines multiply also packed into tiles
+  // (cpu/tile_pack.hpp): made on the first call (thread-safe) and shared by every such engine on
+  // this model. The mapped pages of the packed matrices are released once packed.
+  const ModelWeights& tiled_weights() const {
+    std::call_once(tiled_once_, [&] {
+      tiled_ = std::make_unique<const ModelWeights>(pack_for_tiles(ckpt_.weights, ckpt_.checkpoint != nullptr));
+    });
+    return *tiled_;
+  }
+
   // Bytes of all parameters as stored (what the memory map holds), and of the fp32 vector copies.
   std::size_t weight_bytes() const { return weight_bytes_; }
   std::size_t owned_bytes() const { return owned_bytes_; }
@@ -125,6 +139,8 @@ class Model {
   }
 
   io::LoadedCheckpoint ckpt_;
+  mutable std::once_flag tiled_once_;
+  mutable std::unique_ptr<const ModelWeights> tiled_;
   std::vector<std::vector<float>> vectors_;
   std::size_t weight_bytes_ = 0;
   std::size_t owned_bytes_ = 0;

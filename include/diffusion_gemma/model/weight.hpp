@@ -40,6 +40,11 @@ struct Weight {
   std::shared_ptr<const void> owner;  // empty when the bytes belong to the mapped checkpoint
   std::shared_ptr<const QuantizedMatrix> quant;  // set for a quantized matrix
   std::shared_ptr<const std::vector<Weight>> parts;  // set for a split weight
+  // The same dense matrix also packed in the CPU's AMX tile layout (cpu/tile_pack.hpp): made once
+  // per model for the engines whose products run on tiles; this view starts `tile_offset`
+  // elements into it.
+  std::shared_ptr<const std::vector<std::uint16_t>> tiles;
+  std::size_t tile_offset = 0;
 
   static Weight borrow(const RawTensor& t) {
     Weight w;
@@ -73,6 +78,11 @@ struct Weight {
   bool is_split() const { return parts != nullptr; }
   // Stored as plain F32/BF16/F16 numbers in one row-major block.
   bool is_dense() const { return !is_quantized() && !is_split(); }
+  const std::uint16_t* tile_data() const { return tiles ? tiles->data() + tile_offset : nullptr; }
+  // Elements of one [out, in] matrix in the tile layout: 16 outputs x 32 inputs per tile, padded.
+  std::size_t tile_elements_per_group() const {
+    return static_cast<std::size_t>((rows() + 15) / 16 * 16) * static_cast<std::size_t>((cols() + 31) / 32 * 32);
+  }
   std::int64_t numel() const { return shape.numel(); }
   // Bytes as stored, scales and zero points included.
   std::size_t nbytes() const {
@@ -106,6 +116,7 @@ struct Weight {
     Weight w = *this;
     w.shape = Shape{rows(), cols()};
     w.data = data + static_cast<std::size_t>(g) * static_cast<std::size_t>(rows() * cols()) * dtype_size(dtype);
+    if (tiles) w.tile_offset = tile_offset + static_cast<std::size_t>(g) * tile_elements_per_group();
     return w;
   }
   // Rows [r0, r0 + n) of an [out, in] matrix.
@@ -114,6 +125,12 @@ struct Weight {
     Weight w = *this;
     w.shape = Shape{n, cols()};
     w.data = data + static_cast<std::size_t>(r0 * cols()) * dtype_size(dtype);
+    if (tiles && r0 % 16 == 0) {
+      w.tile_offset = tile_offset + static_cast<std::size_t>(r0 / 16) * 16 * static_cast<std::size_t>((cols() + 31) / 32 * 32);
+    } else {
+      w.tiles.reset();  // a range that does not start on a tile: the row-major kernels
+      w.tile_offset = 0;
+    }
     return w;
   }
 

@@ -8,6 +8,11 @@
 //     B operand's pair-interleaved layout (16 pairs of k x 16 rows of x per 1 KiB tile). The tile
 //     result is y^T, transposed on the way out. BF16 weights need no conversion; F32 and F16
 //     weights, and blocks cut by the matrix edges, are staged through a bf16 copy of 32 rows.
+//   y = x W^T from a packed weight (pack_weight_tiles, made once per model for the engines that
+//     use the tiles): x is the A operand (bf16 rows) and W the B operand, its tiles laid out in
+//     the order the kernel reads them, so the tile result is y itself and is stored straight into
+//     it. Each output is the same sum of the same products in the same order as above (the products
+//     only swap sides), so both forms give bitwise equal results; this one skips the transpose.
 //   y = x B (B [k, n]: the self-conditioning product P E): x is the A operand (bf16 rows), and
 //     B's tiles are built per 32-column strip by interleaving pairs of B rows.
 //
@@ -220,6 +225,109 @@ inline void xwt(const MatrixB& w, const std::uint16_t* xp, std::int64_t m, std::
   _tile_release();
 }
 
+// C tile (16 x 16 fp32) to c (row stride ldc), adding to it or not, cut to rows x cols.
+inline void store_tile_rows(const float* tile, std::int64_t rows, std::int64_t cols, float* c, std::int64_t ldc,
+                            bool accumulate) {
+  const __mmask16 m = avx512::lanes(cols);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const __m512 v = _mm512_loadu_ps(tile + r * 16);
+    float* dst = c + r * ldc;
+    _mm512_mask_storeu_ps(dst, m, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst), v) : v);
+  }
+}
+
+// Elements of a packed [n, k] weight: tiles of 16 columns x 32 k, zero padded.
+inline std::size_t packed_weight_size(std::int64_t n, std::int64_t k) {
+  return static_cast<std::size_t>(round_up(n, 16) * round_up(k, 32));
+}
+// Offset of column (output feature) n0, a multiple of 16, in a packed weight of depth k.
+inline std::size_t packed_weight_offset(std::int64_t n0, std::int64_t k) {
+  return static_cast<std::size_t>(n0 / 16 * round_up(k, 32) * 16);
+}
+
+// W [n, k] (BForm::kNK) -> B tiles: tile (nb, kb) at (nb * ceil(k / 32) + kb) * 512 holds, in
+// row p and 32-bit column j, the pair (W[16 nb + j][32 kb + 2p], W[16 nb + j][32 kb + 2p + 1]):
+// a 16 x 16 transpose of 32-bit pairs. F32 and F16 weights are rounded to bf16 as stage_rows does.
+template <DType T>
+inline void pack_weight_tiles(const MatrixB& w, std::int64_t n, std::int64_t k, std::uint16_t* out) {
+  const std::int64_t nb_count = (n + 15) / 16, kb_count = (k + 31) / 32;
+  for (std::int64_t nb = 0; nb < nb_count; ++nb) {
+    for (std::int64_t kb = 0; kb < kb_count; ++kb) {
+      __m512 r[16];
+      for (int j = 0; j < 16; ++j) {
+        const std::int64_t row = nb * 16 + j;
+        r[j] = row < n ? _mm512_castsi512_ps(load_bf16x32<T>(w.row(row) + static_cast<std::size_t>(kb * 32) * dtype_size(T),
+                                                             k - kb * 32))
+                       : _mm512_setzero_ps();
+      }
+      avx512::transpose16(r);
+      std::uint16_t* tile = out + (nb * kb_count + kb) * 512;
+      for (int p = 0; p < 16; ++p) _mm512_storeu_ps(reinterpret_cast<float*>(tile + p * 32), r[p]);
+    }
+  }
+}
+
+inline void store_tile(int t, float* dst, std::int64_t stride_bytes) {
+  switch (t) {
+    case 0: _tile_stored(0, dst, stride_bytes); break;
+    case 1: _tile_stored(1, dst, stride_bytes); break;
+    case 2: _tile_stored(2, dst, stride_bytes); break;
+    default: _tile_stored(3, dst, stride_bytes); break;
+  }
+}
+
+// y[m, n] (+)= x W^T from activations packed by pack_activations_rows and W packed by
+// pack_weight_tiles (`wp` at the first of the n columns). Tiles: 0-3 accumulate (m tile i, n tile j
+// in 2 i + j), 4-5 hold x, 6-7 hold W.
+inline void xw_packed(const std::uint16_t* wp, const std::uint16_t* xa, std::int64_t m, std::int64_t k, std::int64_t n,
+                      float* y, std::int64_t ldy, bool accumulate) {
+  const std::int64_t mb_count = (m + 15) / 16, kb_count = (k + 31) / 32, kp = kb_count * 32, nb_count = (n + 15) / 16;
+  float* tile = scratch<float, 2>(256);
+  configure();
+  for (std::int64_t nb = 0; nb < nb_count; nb += 2) {
+    const bool twon = nb + 1 < nb_count;
+    const std::uint16_t* b0 = wp + nb * kb_count * 512;
+    const std::uint16_t* b1 = b0 + kb_count * 512;
+    for (std::int64_t mb = 0; mb < mb_count; mb += 2) {
+      const bool twom = mb + 1 < mb_count;
+      const std::uint16_t* a0 = xa + mb * 16 * kp;
+      const std::uint16_t* a1 = a0 + 16 * kp;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (std::int64_t kb = 0; kb < kb_count; ++kb) {
+        _tile_loadd(4, a0 + kb * 32, kp * 2);
+        _tile_loadd(6, b0 + kb * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (twon) {
+          _tile_loadd(7, b1 + kb * 512, 64);
+          _tile_dpbf16ps(1, 4, 7);
+        }
+        if (twom) {
+          _tile_loadd(5, a1 + kb * 32, kp * 2);
+          _tile_dpbf16ps(2, 5, 6);
+          if (twon) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      for (int i = 0; i < (twom ? 2 : 1); ++i) {
+        for (int j = 0; j < (twon ? 2 : 1); ++j) {
+          const std::int64_t r0 = (mb + i) * 16, c0 = (nb + j) * 16;
+          const std::int64_t rows = m - r0 < 16 ? m - r0 : 16, cols = n - c0 < 16 ? n - c0 : 16;
+          float* dst = y + r0 * ldy + c0;
+          if (!accumulate && rows == 16 && cols == 16) {
+            store_tile(2 * i + j, dst, ldy * 4);
+          } else {  // the sum is made from zero and added after, as xwt does
+            store_tile(2 * i + j, tile, 64);
+            store_tile_rows(tile, rows, cols, dst, ldy, accumulate);
+          }
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
 // One B tile from B [k, n] rows (BForm::kKN): row p, 32-bit column j holds (B[32 kb + 2p][c0 + j],
 // B[32 kb + 2p + 1][c0 + j]); zeros outside B.
 template <DType T>
@@ -246,17 +354,6 @@ inline void pack_pair_tiles(const float* b, std::int64_t ldb, std::int64_t k, st
   const std::int64_t kb_count = (k + 31) / 32, nb_count = (n + 15) / 16;
   for (std::int64_t kb = 0; kb < kb_count; ++kb)
     for (std::int64_t nb = 0; nb < nb_count; ++nb) build_pair_tile<DType::kF32>(m, k, n, kb, nb * 16, out + (kb * nb_count + nb) * 512);
-}
-
-// C tile (16 x 16 fp32) to c (row stride ldc), adding to it or not, cut to rows x cols.
-inline void store_tile_rows(const float* tile, std::int64_t rows, std::int64_t cols, float* c, std::int64_t ldc,
-                            bool accumulate) {
-  const __mmask16 m = avx512::lanes(cols);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const __m512 v = _mm512_loadu_ps(tile + r * 16);
-    float* dst = c + r * ldc;
-    _mm512_mask_storeu_ps(dst, m, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst), v) : v);
-  }
 }
 
 // Attention scores on tiles: s[r][16 t + j] = q[r] . key[16 (t0 + t) + j] for rows r < m and key
