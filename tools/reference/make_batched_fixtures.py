@@ -46,7 +46,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import DiffusionGemmaForBlockDiffusion
 from transformers.models.diffusion_gemma import generation_diffusion_gemma as dg_gen
-from transformers.models.diffusion_gemma import modeling_diffusion_gemma as dg_model
+
+from make_fixtures import SCPerturbation  # N(0, eps^2) on the self-conditioning logits, own generator
 
 Mixin = dg_gen.DiffusionGemmaGenerationMixin
 Sampler = dg_gen.EntropyBoundSampler
@@ -156,30 +157,6 @@ class RowReplay:
         Sampler.initialize_canvas, Sampler.renoise_canvas, torch.multinomial = self._orig
 
 
-class SCNoise:
-    """N(0, eps^2) added to the self-conditioning logits (own generator), to test robustness."""
-
-    def __init__(self, eps):
-        self.eps = eps
-        self.gen = torch.Generator().manual_seed(5)
-
-    def __enter__(self):
-        self.orig = dg_model.DiffusionGemmaDecoderModel.forward
-        outer = self
-
-        def forward(self_, *a, **kw):
-            sc = kw.get("self_conditioning_logits")
-            if sc is not None:
-                kw["self_conditioning_logits"] = sc + outer.eps * torch.randn(sc.shape, generator=outer.gen)
-            return outer.orig(self_, *a, **kw)
-
-        dg_model.DiffusionGemmaDecoderModel.forward = forward
-        return self
-
-    def __exit__(self, *exc):
-        dg_model.DiffusionGemmaDecoderModel.forward = self.orig
-
-
 def with_sampler(settings):
     s = dict(settings)
     s["sampler_config"] = dg_gen.EntropyBoundSamplerConfig(settings["sampler_config"]["entropy_bound"])
@@ -274,7 +251,7 @@ def record_run(model, prompts, settings, left_pad_id, seed):
         rows.append(r)
         draws.append(d)
     # Robustness: fp32-level noise must not change the outcome.
-    with SCNoise(1e-5):
+    with SCPerturbation(1e-5):
         _, out2, rec2 = batched_generate(model, prompts, settings, left_pad_id, seed)
     rows2 = [per_row(rec2, out2, P, C, N, pad_id, i)[0] for i in range(len(prompts))]
     if not torch.equal(out.sequences, out2.sequences) or [(r["steps"], r["stop"]) for r in rows] != \

@@ -47,12 +47,7 @@ class BatchDecoder {
 
   Engine& engine() { return engine_; }
 
-  static Options default_options(const GenerationConfig& g) {
-    Options o;
-    apply_generation_config<Sampler>(g, o.sampler);
-    apply_generation_config_to_scheduler<Scheduler>(g, o.scheduler);
-    return o;
-  }
+  static Options default_options(const GenerationConfig& g) { return default_decode_options<Sampler, Scheduler>(g); }
 
   // One Options per row (each with its own seed or recorded draws). Every row is checked before
   // any model work.

@@ -52,12 +52,7 @@ class Decoder {
   Engine& engine() { return engine_; }
 
   // The reference options of the loaded checkpoint (its generation_config.json).
-  static Options default_options(const GenerationConfig& g) {
-    Options o;
-    apply_generation_config<Sampler>(g, o.sampler);
-    apply_generation_config_to_scheduler<Scheduler>(g, o.scheduler);
-    return o;
-  }
+  static Options default_options(const GenerationConfig& g) { return default_decode_options<Sampler, Scheduler>(g); }
 
   // Checks options, positions and memory before any allocation or model work.
   typename Scheduler::Plan plan(std::int64_t prompt_length, const Options& o) const {

@@ -57,6 +57,15 @@ struct DecodeOptions {
   std::size_t memory_budget_bytes = 0;  // KV cache + workspace a request may use; 0: no limit
 };
 
+// Options with the sampler and scheduler settings of a checkpoint's generation_config.json.
+template <class Sampler, class Scheduler>
+DecodeOptions<Sampler, Scheduler> default_decode_options(const GenerationConfig& g) {
+  DecodeOptions<Sampler, Scheduler> o;
+  apply_generation_config<Sampler>(g, o.sampler);
+  apply_generation_config_to_scheduler<Scheduler>(g, o.scheduler);
+  return o;
+}
+
 // KV cache + workspace of a planned request. The engine sizes its workspace by its largest pass:
 // a prompt runs in encoder chunks, a canvas in one pass.
 template <class Scheduler, class Engine>
