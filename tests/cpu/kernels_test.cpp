@@ -5,6 +5,7 @@
 //     sum, for F32, BF16 and F16 weights, with sizes that are not multiples of any panel or tile;
 //   - the exact precision's promise: AVX2 and AVX-512 give the same bits, at any thread count;
 //   - matrices packed for AMX tiles give the bits of the row-major tile kernel;
+//   - attention's tile products (scores, probabilities x values) against fp64 sums of bf16 inputs;
 //   - the vector exp / tanh / GELU against core/math.hpp's scalar definitions, bit for bit.
 #include <cmath>
 #include <cstdint>
@@ -258,6 +259,76 @@ TEST_CASE("matrices packed for AMX tiles give the bits of the row-major tile ker
   CHECK(one.row_range(5, 20).tile_data() == nullptr);  // not on a tile boundary: row-major kernels
   CHECK(same_bits(e.view.group(3).row_range(5, 20), one.row_range(5, 20), 9, false));
 }
+
+#if DG_X86_KERNELS
+TEST_CASE("attention products on AMX tiles equal fp32 sums of their bf16-rounded inputs", "[cpu][kernels][tiles]") {
+  if (cpu::cpu_features().best() < cpu::Isa::kAmx) {
+    WARN("no AMX on this CPU: the attention tile kernels are not run here (" << cpu::cpu_features().flags() << ")");
+    return;
+  }
+  namespace amx = cpu::kernels::amx;
+  std::mt19937 rng(91);
+  const auto bf = [](float f) { return static_cast<double>(bfloat16::from_float(f).to_float()); };
+  // |got - want| within fp32 accumulation error of sum |a b|, for every output in range.
+  const auto close = [](double got, double want, double scale) { return std::abs(got - want) <= 1e-5 * scale + 1e-30; };
+  struct Size {
+    std::int64_t m, d, keys;
+  };
+  for (const Size& sz : {Size{5, 64, 40}, Size{16, 128, 96}, Size{37, 100, 70}, Size{33, 256, 160}}) {
+    INFO("queries " << sz.m << " head dim " << sz.d << " keys " << sz.keys);
+    const std::int64_t m16 = amx::round_up(sz.m, 16), key_tiles = (sz.keys + 15) / 16;
+    const auto q = random_floats(static_cast<std::size_t>(sz.m * sz.d), rng);
+    const auto k = random_floats(static_cast<std::size_t>(sz.keys * sz.d), rng);
+    std::vector<std::uint16_t> qa(amx::packed_size(sz.m, sz.d)), kt(amx::packed_size(sz.keys, sz.d));
+    amx::pack_activations_rows(q.data(), sz.d, sz.m, sz.d, qa.data());
+    amx::pack_activations_pairs(k.data(), sz.d, sz.keys, sz.d, kt.data());
+    // Scores against key tiles [1, key_tiles): the first tile is skipped, as a query block whose
+    // visible keys start later skips it.
+    const std::int64_t lds = 16 * (key_tiles - 1);
+    std::vector<float> s(static_cast<std::size_t>(m16 * lds));
+    amx::scores_on_tiles(qa.data(), sz.m, sz.d, kt.data(), 1, key_tiles - 1, s.data(), lds);
+    bool scores_ok = true;
+    for (std::int64_t r = 0; r < sz.m; ++r) {
+      for (std::int64_t j = 16; j < sz.keys; ++j) {
+        double want = 0.0, scale = 0.0;
+        for (std::int64_t c = 0; c < sz.d; ++c) {
+          const double t = bf(q[r * sz.d + c]) * bf(k[j * sz.d + c]);
+          want += t;
+          scale += std::abs(t);
+        }
+        scores_ok = scores_ok && close(s[r * lds + j - 16], want, scale);
+      }
+    }
+    CHECK(scores_ok);
+    // Probabilities [m, keys] times values [keys, d] over key blocks [1, kbs) of 32, added to o.
+    const std::int64_t kbs = (sz.keys + 31) / 32, span = 32 * kbs;
+    auto p = random_floats(static_cast<std::size_t>(sz.m * span), rng);
+    for (std::int64_t r = 0; r < sz.m; ++r)
+      for (std::int64_t j = sz.keys; j < span; ++j) p[r * span + j] = 0.0f;
+    std::vector<float> v = random_floats(static_cast<std::size_t>(span * sz.d), rng);
+    std::vector<std::uint16_t> pa(amx::packed_size(sz.m, span)), vt(amx::packed_size(span, sz.d));
+    amx::pack_pair_tiles(v.data(), sz.d, span, sz.d, vt.data());
+    // The probabilities of blocks [1, kbs) alone, packed as the engine packs one query block's span.
+    amx::pack_activations_rows(p.data() + 32, span, sz.m, span - 32, pa.data());
+    const auto o0 = random_floats(static_cast<std::size_t>(sz.m * sz.d), rng);
+    auto o = o0;
+    amx::values_on_tiles(pa.data(), sz.m, vt.data(), 1, kbs - 1, sz.d, o.data(), sz.d, /*accumulate=*/true);
+    bool values_ok = true;
+    for (std::int64_t r = 0; r < sz.m; ++r) {
+      for (std::int64_t c = 0; c < sz.d; ++c) {
+        double want = 0.0, scale = 0.0;
+        for (std::int64_t j = 32; j < span; ++j) {
+          const double t = bf(p[r * span + j]) * bf(v[j * sz.d + c]);
+          want += t;
+          scale += std::abs(t);
+        }
+        values_ok = values_ok && close(o[r * sz.d + c], o0[r * sz.d + c] + want, scale + std::abs(o0[r * sz.d + c]));
+      }
+    }
+    CHECK(values_ok);
+  }
+}
+#endif
 
 TEST_CASE("vector exp, tanh and GELU equal the scalar definitions bit for bit", "[cpu][kernels][math]") {
   std::vector<float> xs;
