@@ -276,6 +276,28 @@ inline void pack_weight_tiles(const MatrixB& w, std::int64_t n, std::int64_t k, 
   }
 }
 
+// The shared inner loop of the products whose A operand is whole tiles: tiles 0-3 (already zeroed
+// or loaded) += A row blocks {a0, a1} x B column blocks {b0, b1} over kbs depth tiles; A tiles are
+// 512 elements apart along the depth, B tiles `b_step` apart. Without the second row block
+// (`twom`) or column block (`twon`) only tiles 0 and 1, or 0 and 2, are touched.
+inline void accumulate_2x2(const std::uint16_t* a0, const std::uint16_t* a1, const std::uint16_t* b0,
+                           const std::uint16_t* b1, std::int64_t b_step, std::int64_t kbs, bool twom, bool twon) {
+  for (std::int64_t kb = 0; kb < kbs; ++kb) {
+    _tile_loadd(4, a0 + kb * 512, 64);
+    _tile_loadd(6, b0 + kb * b_step, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (twon) {
+      _tile_loadd(7, b1 + kb * b_step, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if (twom) {
+      _tile_loadd(5, a1 + kb * 512, 64);
+      _tile_dpbf16ps(2, 5, 6);
+      if (twon) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+}
+
 inline void store_tile(int t, float* dst, std::int64_t stride_bytes) {
   switch (t) {
     case 0: _tile_stored(0, dst, stride_bytes); break;
@@ -305,20 +327,7 @@ inline void xw_packed(const std::uint16_t* wp, const std::uint16_t* xa, std::int
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
-      for (std::int64_t kb = 0; kb < kb_count; ++kb) {
-        _tile_loadd(4, a0 + kb * 512, 64);
-        _tile_loadd(6, b0 + kb * 512, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        if (twon) {
-          _tile_loadd(7, b1 + kb * 512, 64);
-          _tile_dpbf16ps(1, 4, 7);
-        }
-        if (twom) {
-          _tile_loadd(5, a1 + kb * 512, 64);
-          _tile_dpbf16ps(2, 5, 6);
-          if (twon) _tile_dpbf16ps(3, 5, 7);
-        }
-      }
+      accumulate_2x2(a0, a1, b0, b1, 512, kb_count, twom, twon);
       for (int i = 0; i < (twom ? 2 : 1); ++i) {
         for (int j = 0; j < (twon ? 2 : 1); ++j) {
           const std::int64_t r0 = (mb + i) * 16, c0 = (nb + j) * 16;
@@ -381,20 +390,9 @@ inline void scores_on_tiles(const std::uint16_t* q, std::int64_t m, std::int64_t
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
-      for (std::int64_t db = 0; db < db_count; ++db) {
-        _tile_loadd(4, a_tile(q, mb, db, db_count), 64);
-        _tile_loadd(6, keys + ((t0 + t) * db_count + db) * 512, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        if (two) {
-          _tile_loadd(7, keys + ((t0 + t + 1) * db_count + db) * 512, 64);
-          _tile_dpbf16ps(1, 4, 7);
-        }
-        if (twom) {
-          _tile_loadd(5, a_tile(q, mb + 1, db, db_count), 64);
-          _tile_dpbf16ps(2, 5, 6);
-          if (two) _tile_dpbf16ps(3, 5, 7);
-        }
-      }
+      const std::uint16_t* k0 = keys + (t0 + t) * db_count * 512;
+      accumulate_2x2(a_tile(q, mb, 0, db_count), a_tile(q, mb + 1, 0, db_count), k0, k0 + db_count * 512, 512,
+                     db_count, twom, two);
       float* c = s + mb * 16 * lds + t * 16;
       _tile_stored(0, c, lds * 4);
       if (two) _tile_stored(1, c + 16, lds * 4);
@@ -422,20 +420,8 @@ inline void values_on_tiles(const std::uint16_t* p, std::int64_t m, const std::u
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
-      for (std::int64_t kb = 0; kb < kbs; ++kb) {
-        _tile_loadd(4, a_tile(p, mb, kb, kbs), 64);
-        _tile_loadd(6, values + ((kb0 + kb) * nb_count + nb) * 512, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        if (two) {
-          _tile_loadd(7, values + ((kb0 + kb) * nb_count + nb + 1) * 512, 64);
-          _tile_dpbf16ps(1, 4, 7);
-        }
-        if (twom) {
-          _tile_loadd(5, a_tile(p, mb + 1, kb, kbs), 64);
-          _tile_dpbf16ps(2, 5, 6);
-          if (two) _tile_dpbf16ps(3, 5, 7);
-        }
-      }
+      const std::uint16_t* v0 = values + (kb0 * nb_count + nb) * 512;
+      accumulate_2x2(a_tile(p, mb, 0, kbs), a_tile(p, mb + 1, 0, kbs), v0, v0 + 512, nb_count * 512, kbs, twom, two);
       _tile_stored(0, tiles, 64);
       _tile_stored(1, tiles + 256, 64);
       _tile_stored(2, tiles + 512, 64);
@@ -489,20 +475,7 @@ inline void xw(const MatrixB& b, const std::uint16_t* xa, std::int64_t m, std::i
       }
       const std::uint16_t* a0 = a_tile(xa, mb, 0, kb_count);
       const std::uint16_t* a1 = a_tile(xa, mb + 1, 0, kb_count);
-      for (std::int64_t kb = 0; kb < kb_count; ++kb) {
-        _tile_loadd(4, a0 + kb * 512, 64);
-        _tile_loadd(6, bt + kb * 2 * 512, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        if (two) {
-          _tile_loadd(7, bt + (kb * 2 + 1) * 512, 64);
-          _tile_dpbf16ps(1, 4, 7);
-        }
-        if (twom) {
-          _tile_loadd(5, a1 + kb * 512, 64);
-          _tile_dpbf16ps(2, 5, 6);
-          if (two) _tile_dpbf16ps(3, 5, 7);
-        }
-      }
+      accumulate_2x2(a0, a1, bt, bt + 512, 1024, kb_count, twom, two);
       for (int i = 0; i < (twom ? 2 : 1); ++i) {
         for (int j = 0; j < (two ? 2 : 1); ++j) {
           const int t = 2 * i + j;
