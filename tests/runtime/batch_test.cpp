@@ -116,6 +116,10 @@ TEST_CASE("a request gives the same answer alone and in any batch, at any thread
     CHECK(batched(model, eo, 3, true) == reference);
     eo.threads = 2;
     CHECK(batched(model, eo, 4, true) == reference);
+    // At 4 or more sequences on 2 threads, passes attend one sequence per thread at a time.
+    int widest_shared = 0;
+    CHECK(batched(model, eo, 5, false, &widest_shared) == reference);
+    CHECK(widest_shared >= 4);
   }
 }
 

@@ -80,6 +80,7 @@ class Engine {
     ctx_.precision = opts_.precision;
     ctx_.row_invariant = opts_.batch_invariant;
     ctx_.threads = resolve_threads(opts_.threads);
+    attention_scratch_.resize(static_cast<std::size_t>(std::max(1, ctx_.threads)));
     weights_ = ctx_.bf16_tiles() ? &model_->tiled_weights() : &model_->weights();
     check_max_pass_tokens(opts_.max_pass_tokens, "cpu::EngineOptions::max_pass_tokens");
     // Encoder passes run max_pass_tokens at a time; the workspace also holds a whole canvas.
@@ -339,15 +340,17 @@ class Engine {
     const float* soft;  // denoiser: the self-conditioning input [T, H], or nullptr
   };
 
+  // cos/sin [T, D/2] of every row's position for one set of inverse frequencies (a layer type).
+  struct RopeRows {
+    const float* inv_freq = nullptr;  // which set; nullptr: not computed in this pass
+    int half = 0;
+    std::vector<float> cos, sin;
+  };
+
   struct Workspace {
     std::vector<float> x, h, a, o, q, k, v, attn, d, g, u, s;  // [T, ...] activations
     std::vector<float> router;                                   // router logits/probs
-    std::vector<float> scores;                                   // per thread: T x (prefix + T)
-    std::vector<std::uint8_t> visible;                           // T x (prefix + T) mask of a layer
-    std::vector<std::int64_t> key_span;                          // per query block: keys [first, last)
-    std::vector<std::uint16_t> keys_bf16, values_bf16;           // per KV head: tile layouts (fast, AMX)
-    std::vector<float> kv_rows;                                  // per thread: one head's K or V rows
-    std::vector<float> rope_cos, rope_sin;                       // [T, D/2] of a layer type
+    std::vector<RopeRows> rope;                                  // this pass's tables, one per frequency set
     std::vector<std::int64_t> row_pos;                           // [T]: each row's position
     std::vector<float> sc_in;                                    // self-conditioning inputs, gathered
     std::vector<float> expert_in, expert_mid, expert_out;        // rows sorted by expert
@@ -358,8 +361,27 @@ class Engine {
     std::vector<std::int64_t> expert_begin;
   };
 
+
+  // What one attention call uses, one per thread. The sequence's own mask, key spans and bf16 tile
+  // layouts belong to the thread that called attend (several sequences attend at once when a pass
+  // holds many); scores and kv_rows are used by whichever thread runs a task inside that call.
+  struct AttentionScratch {
+    std::vector<std::uint8_t> visible;                  // T x (prefix + T) mask of a layer
+    std::vector<std::int64_t> key_span;                 // per query block: keys [first, last)
+    std::vector<std::uint16_t> keys_bf16, values_bf16;  // per KV head: tile layouts (fast, AMX)
+    std::vector<float> scores;                          // one query block's scores (fp32 path)
+    std::vector<float> kv_rows;                         // one head's K or V rows being converted
+  };
+
   static void grow(std::vector<float>& v, std::size_t n) {
     if (v.size() < n) v.resize(n);
+  }
+
+  // Inside this engine's parallel regions thread numbers are below ctx_.threads. Called from a
+  // caller's own parallel region (say, one engine per thread), the engine's regions run on the
+  // calling thread, whose number may be larger but stays the same for the whole call.
+  AttentionScratch& this_threads_scratch() {
+    return attention_scratch_[static_cast<std::size_t>(thread_index()) % attention_scratch_.size()];
   }
 
   void check_cache(const KvCache& cache) const {
@@ -406,6 +428,7 @@ class Engine {
       embed(segs[i].ids, segs[i].T, x + static_cast<std::int64_t>(r) * cfg_.hidden_size);
       for (std::int64_t t = 0; t < segs[i].T; ++t) ws_.row_pos[r++] = segs[i].p0 + t;
     }
+    for (RopeRows& r : ws_.rope) r.inv_freq = nullptr;  // new positions
     if (mode == AttentionMode::kDenoiser) {
       add_self_conditioning(segs, count, x);
       // post_norm (weightless) runs on every step, also when the SC signal is zero.
@@ -554,18 +577,29 @@ class Engine {
 
   // cos/sin of pos * inv_freq for each row's position and the D/2 pairs of layer l: the angle is
   // fp32 pos * inv_freq as in transformers (math::rope_angle, as on the GPU), cos/sin of it in fp32.
-  void rope_table(int l, std::int64_t T) {
+  // Layers of one type share their frequencies, so a pass computes each set once (run_pass clears
+  // them).
+  const RopeRows& rope_table(int l, std::int64_t T) {
     const int half = cfg_.layers[static_cast<std::size_t>(l)].head_dim / 2;
     const float* inv = rope_.layer(l);
-    grow(ws_.rope_cos, static_cast<std::size_t>(T * half));
-    grow(ws_.rope_sin, static_cast<std::size_t>(T * half));
+    for (const RopeRows& r : ws_.rope)
+      if (r.inv_freq == inv && r.half == half) return r;
+    RopeRows* r = nullptr;
+    for (RopeRows& free : ws_.rope)
+      if (free.inv_freq == nullptr) r = &free;
+    if (r == nullptr) r = &ws_.rope.emplace_back();
+    grow(r->cos, static_cast<std::size_t>(T * half));
+    grow(r->sin, static_cast<std::size_t>(T * half));
     for (std::int64_t t = 0; t < T; ++t) {
       for (int i = 0; i < half; ++i) {
         const float angle = math::rope_angle(ws_.row_pos[static_cast<std::size_t>(t)], inv[i]);
-        ws_.rope_cos[t * half + i] = std::cos(angle);
-        ws_.rope_sin[t * half + i] = std::sin(angle);
+        r->cos[t * half + i] = std::cos(angle);
+        r->sin[t * half + i] = std::sin(angle);
       }
     }
+    r->inv_freq = inv;
+    r->half = half;
+    return *r;
   }
 
   // Self-attention of layer l; `h` is the normed input [T, H], the result [T, H] goes to `out`.
@@ -583,7 +617,7 @@ class Engine {
     if (spec.has_v_proj) linear(ctx_, W.v_proj, h, H, T, v, Hkv * D);
     // Per-head norms, then RoPE on q and k (never on v). With k_eq_v, V is v_norm of the raw k
     // projection: normed into v before k is normed in place.
-    rope_table(l, T);
+    const RopeRows& rope = rope_table(l, T);
     const float* qn = model_->vector(l, Param::kQNorm);
     const float* kn = model_->vector(l, Param::kKNorm);
     const Isa isa = ctx_.isa;
@@ -591,8 +625,8 @@ class Engine {
     parallel_for(
         T,
         [&](std::int64_t t) {
-          const float* cs = ws_.rope_cos.data() + t * (D / 2);
-          const float* sn = ws_.rope_sin.data() + t * (D / 2);
+          const float* cs = rope.cos.data() + t * (D / 2);
+          const float* sn = rope.sin.data() + t * (D / 2);
           const auto rotate = [&](float* vec) {
             for (int i = 0; i < D / 2; ++i) math::rope_rotate_pair(vec[i], vec[i + D / 2], cs[i], sn[i]);
           };
@@ -610,12 +644,23 @@ class Engine {
           }
         },
         threads_for(T, 4 * (Hq + 2 * Hkv) * D));
-    std::int64_t row0 = 0;
-    for (std::size_t i = 0; i < count; ++i) {
+    // A pass of many sequences (a batch of canvases) attends them on all threads at once, one
+    // sequence per task: each sequence alone is too little work to share, and one parallel region
+    // per sequence cost more than its attention. With few sequences, each one's heads and query
+    // blocks are shared instead. Either way every sequence is computed the same way, bit for bit.
+    seg_rows_.resize(count + 1);
+    seg_rows_[0] = 0;
+    for (std::size_t i = 0; i < count; ++i) seg_rows_[i + 1] = seg_rows_[i] + segs[i].T;
+    const auto attend_segment = [&](std::int64_t i) {
       const Segment& sg = segs[i];
+      const std::int64_t row0 = seg_rows_[static_cast<std::size_t>(i)];
       attend(l, mode, static_cast<int>(i), sg.T, *sg.cache, sg.write_to, sg.p0, q + row0 * Hq * D, k + row0 * Hkv * D,
              v + row0 * Hkv * D, ws_.attn.data() + row0 * Hq * D);
-      row0 += sg.T;
+    };
+    if (ctx_.threads > 1 && count >= 2 * static_cast<std::size_t>(ctx_.threads)) {
+      parallel_for(static_cast<std::int64_t>(count), attend_segment, ctx_.threads);
+    } else {
+      for (std::size_t i = 0; i < count; ++i) attend_segment(static_cast<std::int64_t>(i));
     }
     linear(ctx_, W.o_proj, ws_.attn.data(), Hq * D, T, out, H);
   }
@@ -632,12 +677,13 @@ class Engine {
     const std::int64_t lo = std::min(p0, Attention::first_visible_cached(mode, spec.type, Wn, p0));
     const std::int64_t Np = p0 - lo;  // cached keys any query may see
     const std::int64_t Nk = Np + T;
+    AttentionScratch& own = this_threads_scratch();
     // Which keys each query sees: the policy decides, once per layer (not per head).
-    ws_.visible.resize(static_cast<std::size_t>(T * Nk));
+    own.visible.resize(static_cast<std::size_t>(T * Nk));
     parallel_for(
         T,
         [&](std::int64_t i) {
-          std::uint8_t* row = ws_.visible.data() + i * Nk;
+          std::uint8_t* row = own.visible.data() + i * Nk;
           for (std::int64_t j = 0; j < Nk; ++j) {
             const std::int64_t key_pos = j < Np ? lo + j : p0 + (j - Np);
             row[j] = attention_visible<Attention>(mode, spec.type, Wn, p0 + i, key_pos, p0, sequence) ? 1 : 0;
@@ -647,11 +693,11 @@ class Engine {
     // Queries go in blocks of kQueryBlock rows; each block computes scores only over the span of
     // keys some row of it sees (a causal block skips the keys after its last row).
     const std::int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
-    ws_.key_span.resize(static_cast<std::size_t>(2 * blocks));
+    own.key_span.resize(static_cast<std::size_t>(2 * blocks));
     for (std::int64_t b = 0; b < blocks; ++b) {
       std::int64_t first = Nk, last = -1;
       for (std::int64_t i = b * kQueryBlock; i < std::min(T, (b + 1) * kQueryBlock); ++i) {
-        const std::uint8_t* row = ws_.visible.data() + i * Nk;
+        const std::uint8_t* row = own.visible.data() + i * Nk;
         for (std::int64_t j = 0; j < Nk; ++j) {
           if (row[j]) {
             first = std::min(first, j);
@@ -665,8 +711,8 @@ class Engine {
           }
         }
       }
-      ws_.key_span[2 * b] = first;
-      ws_.key_span[2 * b + 1] = last + 1;
+      own.key_span[2 * b] = first;
+      own.key_span[2 * b + 1] = last + 1;
     }
     // Passes of a few tokens (autoregressive decoding) would convert every visible key to tiles
     // for a handful of queries: they stay on the fp32 kernels.
@@ -674,25 +720,26 @@ class Engine {
     if (T < kMinTileQueries) actx.precision = Precision::kExact;
 #if DG_X86_KERNELS
     if (actx.bf16_tiles()) {
-      attention_on_tiles(l, T, cache, lo, Np, q, k, v, attn);
+      attention_on_tiles(l, T, cache, lo, Np, own, q, k, v, attn);
     } else
 #endif
     {
-    const std::size_t per_thread = static_cast<std::size_t>(kQueryBlock * Nk);
-    grow(ws_.scores, per_thread * static_cast<std::size_t>(ctx_.threads));
+    const std::size_t per_task = static_cast<std::size_t>(kQueryBlock * Nk);
     parallel_for(
         Hq * blocks,
         [&](std::int64_t task) {
           const std::int64_t hh = task / blocks, b = task % blocks;
           const std::int64_t i0 = b * kQueryBlock, rows = std::min(kQueryBlock, T - i0);
-          const std::int64_t j0 = ws_.key_span[2 * b], j1 = ws_.key_span[2 * b + 1], span = j1 - j0;
+          const std::int64_t j0 = own.key_span[2 * b], j1 = own.key_span[2 * b + 1], span = j1 - j0;
           float* oh = attn + (i0 * Hq + hh) * D;
           if (span <= 0) {  // no visible key (cannot happen with a causal policy: self is visible)
             for (std::int64_t i = 0; i < rows; ++i) std::fill(oh + i * Hq * D, oh + i * Hq * D + D, 0.0f);
             return;
           }
           const int g = static_cast<int>(hh) / group;
-          float* S = ws_.scores.data() + per_thread * static_cast<std::size_t>(thread_index());
+          std::vector<float>& scores = this_threads_scratch().scores;
+          grow(scores, per_task);
+          float* S = scores.data();
           const float* qh = q + (i0 * Hq + hh) * D;
           // Scores (scale 1.0) over keys [j0, j1): the cached part, then the new part.
           const std::int64_t c0 = j0, c1 = std::min(j1, Np), n0 = std::max(j0, Np), n1 = j1;
@@ -702,7 +749,7 @@ class Engine {
           }
           for (std::int64_t i = 0; i < rows; ++i) {
             float* row = S + i * span;
-            const std::uint8_t* vis = ws_.visible.data() + (i0 + i) * Nk + j0;
+            const std::uint8_t* vis = own.visible.data() + (i0 + i) * Nk + j0;
             for (std::int64_t j = 0; j < span; ++j) row[j] = vis[j] ? row[j] : -std::numeric_limits<float>::infinity();
             vmath::softmax_row(isa, row, span);
           }
@@ -732,21 +779,22 @@ class Engine {
   // values: pairs of keys per dim, for P V), then every (query head, query block) task runs both
   // products on tiles with direct loads, over its key span rounded out to 32 keys (the extra keys
   // are masked). Scores, masks and the softmax stay fp32.
-  void attention_on_tiles(int l, std::int64_t T, const KvCache& cache, std::int64_t lo, std::int64_t Np, const float* q,
-                          const float* k, const float* v, float* attn) {
+  void attention_on_tiles(int l, std::int64_t T, const KvCache& cache, std::int64_t lo, std::int64_t Np,
+                          AttentionScratch& own, const float* q, const float* k, const float* v, float* attn) {
     namespace amx = kernels::amx;
     const LayerSpec& spec = cfg_.layers[l];
     const int D = spec.head_dim, Hq = cfg_.num_heads, Hkv = spec.num_kv_heads, group = Hq / Hkv;
     const std::int64_t Nk = Np + T, Nk32 = amx::round_up(Nk, 32);
     const std::size_t key_tiles = amx::packed_size(Nk, D), value_tiles = static_cast<std::size_t>(Nk32 * amx::round_up(D, 16));
-    if (ws_.keys_bf16.size() < key_tiles * Hkv) ws_.keys_bf16.resize(key_tiles * Hkv);
-    if (ws_.values_bf16.size() < value_tiles * Hkv) ws_.values_bf16.resize(value_tiles * Hkv);
-    grow(ws_.kv_rows, static_cast<std::size_t>(ctx_.threads) * static_cast<std::size_t>(Nk * D));
+    if (own.keys_bf16.size() < key_tiles * Hkv) own.keys_bf16.resize(key_tiles * Hkv);
+    if (own.values_bf16.size() < value_tiles * Hkv) own.values_bf16.resize(value_tiles * Hkv);
     parallel_for(
         Hkv,
         [&](std::int64_t g) {
           // This head's visible cached rows then its new rows, contiguous, for each of K and V.
-          float* rows = ws_.kv_rows.data() + static_cast<std::size_t>(thread_index()) * static_cast<std::size_t>(Nk * D);
+          std::vector<float>& kv_rows = this_threads_scratch().kv_rows;
+          grow(kv_rows, static_cast<std::size_t>(Nk * D));
+          float* rows = kv_rows.data();
           for (int which = 0; which < 2; ++which) {
             const float* cached = which == 0 ? cache.keys(l, static_cast<int>(g)) : cache.values(l, static_cast<int>(g));
             const float* fresh = which == 0 ? k : v;
@@ -756,9 +804,9 @@ class Engine {
               std::copy(src, src + D, rows + (Np + t) * D);
             }
             if (which == 0) {
-              amx::pack_activations_pairs(rows, D, Nk, D, ws_.keys_bf16.data() + key_tiles * static_cast<std::size_t>(g));
+              amx::pack_activations_pairs(rows, D, Nk, D, own.keys_bf16.data() + key_tiles * static_cast<std::size_t>(g));
             } else {
-              amx::pack_pair_tiles(rows, D, Nk, D, ws_.values_bf16.data() + value_tiles * static_cast<std::size_t>(g));
+              amx::pack_pair_tiles(rows, D, Nk, D, own.values_bf16.data() + value_tiles * static_cast<std::size_t>(g));
             }
           }
         },
@@ -770,7 +818,7 @@ class Engine {
         [&](std::int64_t task) {
           const std::int64_t hh = task / blocks, b = task % blocks;
           const std::int64_t i0 = b * kQueryBlock, rows = std::min(kQueryBlock, T - i0);
-          const std::int64_t j0 = ws_.key_span[2 * b], j1 = ws_.key_span[2 * b + 1];
+          const std::int64_t j0 = own.key_span[2 * b], j1 = own.key_span[2 * b + 1];
           float* oh = attn + (i0 * Hq + hh) * D;
           if (j1 <= j0) {  // no visible key (cannot happen with a causal policy: self is visible)
             for (std::int64_t i = 0; i < rows; ++i) std::fill(oh + i * Hq * D, oh + i * Hq * D + D, 0.0f);
@@ -783,11 +831,11 @@ class Engine {
           std::uint16_t* pb = kernels::scratch<std::uint16_t, 10>(static_cast<std::size_t>(rows16 * span));
           const int g = static_cast<int>(hh) / group;
           amx::pack_activations_rows(q + (i0 * Hq + hh) * D, Hq * D, rows, D, qb);
-          amx::scores_on_tiles(qb, rows, D, ws_.keys_bf16.data() + key_tiles * static_cast<std::size_t>(g), a0 / 16,
+          amx::scores_on_tiles(qb, rows, D, own.keys_bf16.data() + key_tiles * static_cast<std::size_t>(g), a0 / 16,
                                span / 16, S, span);
           for (std::int64_t i = 0; i < rows; ++i) {
             float* row = S + i * span;
-            const std::uint8_t* vis = ws_.visible.data() + (i0 + i) * Nk;
+            const std::uint8_t* vis = own.visible.data() + (i0 + i) * Nk;
             for (std::int64_t j = 0; j < span; ++j) {
               const std::int64_t key = a0 + j;
               if (key >= Nk || !vis[key]) row[j] = -std::numeric_limits<float>::infinity();
@@ -795,7 +843,7 @@ class Engine {
             vmath::softmax_row(isa, row, span);
           }
           amx::pack_activations_rows(S, span, rows, span, pb);
-          amx::values_on_tiles(pb, rows, ws_.values_bf16.data() + value_tiles * static_cast<std::size_t>(g), a0 / 32,
+          amx::values_on_tiles(pb, rows, own.values_bf16.data() + value_tiles * static_cast<std::size_t>(g), a0 / 32,
                                span / 32, D, oh, Hq * D, false);
         },
         threads_for(T, 2 * Hq * Nk * D));
@@ -906,6 +954,8 @@ class Engine {
   std::int64_t reserved_ = 0;
   std::int64_t encoder_passes_ = 0;
   Workspace ws_;
+  std::vector<AttentionScratch> attention_scratch_;  // one per thread (constructor)
+  std::vector<std::int64_t> seg_rows_;  // first row of each segment in a pass
   std::vector<std::int64_t> slot_rows_;
   VocabPass vocab_pass_;
   std::vector<float> step_hidden_;  // the denoiser's hidden states of a step
