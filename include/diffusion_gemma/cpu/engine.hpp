@@ -361,7 +361,6 @@ class Engine {
     std::vector<std::int64_t> expert_begin;
   };
 
-
   // What one attention call uses, one per thread. The sequence's own mask, key spans and bf16 tile
   // layouts belong to the thread that called attend (several sequences attend at once when a pass
   // holds many); scores and kv_rows are used by whichever thread runs a task inside that call.
