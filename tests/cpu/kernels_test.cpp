@@ -4,7 +4,8 @@
 //   - products with a weight (linear, linear_transposed, grouped_linear) against a double-precision
 //     sum, for F32, BF16 and F16 weights, with sizes that are not multiples of any panel or tile;
 //   - the exact precision's promise: AVX2 and AVX-512 give the same bits, at any thread count;
-//   - matrices packed for AMX tiles give the bits of the row-major tile kernel;
+//   - matrices packed for AMX tiles give the bits of the row-major tile kernel, BF16 matrices packed
+//     as pair tiles the bits of the row-major AVX2 kernel, and both packings lay out BF16 alike;
 //   - attention's tile products (scores, probabilities x values) against fp64 sums of bf16 inputs;
 //   - the vector exp / tanh / GELU against core/math.hpp's scalar definitions, bit for bit.
 #include <cmath>
@@ -261,6 +262,83 @@ TEST_CASE("matrices packed for AMX tiles give the bits of the row-major tile ker
 }
 
 #if DG_X86_KERNELS
+TEST_CASE("BF16 matrices packed as pair tiles give the exact AVX2 bits of the row-major weight", "[cpu][kernels][tiles]") {
+  if (cpu::cpu_features().best() < cpu::Isa::kAvx2) {
+    WARN("no AVX2 on this CPU: the pair-tile AVX2 kernel is not run here");
+    return;
+  }
+  std::mt19937 rng(31);
+  cpu::KernelContext ctx;
+  ctx.isa = cpu::Isa::kAvx2;
+  ctx.precision = cpu::Precision::kExact;
+  ctx.threads = 2;
+  // The same fp32 panels reach the same micro-kernel in the same order: equal bits, for every tail
+  // (outputs not a multiple of 16, depths odd, not a multiple of 32, across the 256-deep blocks).
+  const auto same_bits = [&](const Weight& rows, const Weight& packed, std::int64_t m, bool accumulate) {
+    const std::int64_t n = rows.rows(), k = rows.cols(), ldx = k + 3, ldy = n + 5;
+    const auto x = random_floats(static_cast<std::size_t>(m * ldx), rng);
+    auto want = random_floats(static_cast<std::size_t>(m * ldy), rng);
+    auto got = want;
+    cpu::linear(ctx, rows, x.data(), ldx, m, want.data(), ldy, accumulate);
+    cpu::linear(ctx, packed, x.data(), ldx, m, got.data(), ldy, accumulate);
+    return got == want;
+  };
+  struct Size {
+    std::int64_t m, n, k;
+  };
+  const Size sizes[] = {{1, 5, 7},     {3, 16, 1},     {4, 64, 128},  {7, 17, 33},    {13, 70, 257},
+                        {37, 129, 512}, {40, 300, 701}, {64, 256, 256}, {18, 33, 4200}, {256, 96, 96}};
+  for (const Size& s : sizes) {
+    const TestWeight w = make_weight(DType::kBF16, s.n, s.k, rng, 1, 2);  // rows at an odd address
+    Weight packed = w.view;
+    cpu::detail::pack_matrix_tiles(packed, /*release_mapped=*/false, cpu::TilePacking::kBf16Only);
+    REQUIRE(packed.tiles != nullptr);
+    for (bool accumulate : {false, true}) {
+      INFO("m " << s.m << " n " << s.n << " k " << s.k << (accumulate ? " accumulate" : ""));
+      CHECK(same_bits(w.view, packed, s.m, accumulate));
+    }
+  }
+  // Expert groups and row ranges are views into the packed copy; a range off a panel boundary
+  // falls back to the rows.
+  const TestWeight e = make_weight(DType::kBF16, 48, 40, rng, 5);
+  Weight packed = e.view;
+  cpu::detail::pack_matrix_tiles(packed, false, cpu::TilePacking::kBf16Only);
+  for (std::int64_t g = 0; g < 5; ++g) {
+    INFO("group " << g);
+    CHECK(same_bits(e.view.group(g), packed.group(g), 21, false));
+  }
+  CHECK(same_bits(e.view.group(3).row_range(16, 20), packed.group(3).row_range(16, 20), 9, true));
+  CHECK(same_bits(e.view.group(3).row_range(5, 20), packed.group(3).row_range(5, 20), 9, false));
+  // Only BF16 is packed losslessly; F32 and F16 matrices keep their rows.
+  for (DType dtype : {DType::kF32, DType::kF16}) {
+    const TestWeight f = make_weight(dtype, 32, 64, rng);
+    Weight kept = f.view;
+    cpu::detail::pack_matrix_tiles(kept, false, cpu::TilePacking::kBf16Only);
+    INFO(dtype_label(dtype));
+    CHECK(kept.tiles == nullptr);
+  }
+}
+
+TEST_CASE("the portable pair-tile packing lays out BF16 exactly as the AMX packing does", "[cpu][kernels][tiles]") {
+  if (cpu::cpu_features().best() < cpu::Isa::kAmx) {
+    WARN("no AMX on this CPU: the two packings are not compared here (" << cpu::cpu_features().flags() << ")");
+    return;
+  }
+  std::mt19937 rng(32);
+  for (const auto& [n, k] : {std::pair<std::int64_t, std::int64_t>{5, 7}, {16, 32}, {33, 257}, {70, 700}}) {
+    const TestWeight w = make_weight(DType::kBF16, n, k, rng);
+    std::vector<std::uint16_t> portable(w.view.tile_elements_per_group(), 0xFFFF), amx(portable.size(), 0xFFFF);
+    for (std::int64_t n0 = 0; n0 < n; n0 += 16) cpu::detail::pack_bf16_pair_panel(w.view.data, n, k, n0, portable.data());
+    cpu::kernels::MatrixB b;
+    b.data = w.view.data;
+    b.dtype = DType::kBF16;
+    b.ld = k;
+    cpu::kernels::amx::pack_weight_tiles<DType::kBF16>(b, n, k, amx.data());
+    INFO("n " << n << " k " << k);
+    CHECK(portable == amx);
+  }
+}
+
 TEST_CASE("attention products on AMX tiles equal fp32 sums of their bf16-rounded inputs", "[cpu][kernels][tiles]") {
   if (cpu::cpu_features().best() < cpu::Isa::kAmx) {
     WARN("no AMX on this CPU: the attention tile kernels are not run here (" << cpu::cpu_features().flags() << ")");

@@ -253,7 +253,10 @@ void api_key_and_overload(const std::string& key) {
   const int rc = s.terminate(30);
   stream.join();
   CHECK(rc == 0, "exit code after SIGTERM: " + std::to_string(rc) + "\n" + s.log());
-  CHECK(drained.status == 200 && drained.done && stream_finish(drained) == "length",
+  // Finished, not cut: "length", or "stop" where the kernels' rounding (AMX bf16 or fp32 FMA) leads
+  // this prompt to an end-of-turn id first; a cancelled stream would end in an error instead.
+  const std::string finish = stream_finish(drained);
+  CHECK(drained.status == 200 && drained.done && (finish == "length" || finish == "stop"),
         "the stream in flight at SIGTERM: " + drained.body.substr(0, 400));
   CHECK(s.log().find("dgemma serve: stopped") != std::string::npos, s.log());
 }

@@ -257,6 +257,13 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
     });
     return;
   }
+  if (ctx.isa == Isa::kAvx2 && w.tiles && w.dtype == DType::kBF16) {  // pair tiles, lossless: the exact bits
+    const std::uint16_t* wp = w.tile_data();
+    detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
+      kernels::avx2::gemm_pairs(wp + kernels::pair_panel_offset(n0, k), x, ldx, m, n1 - n0, k, y + n0, ldy, accumulate);
+    });
+    return;
+  }
 #endif
   detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) { detail::gemm_exact(ctx, g.columns(n0, n1)); });
 }

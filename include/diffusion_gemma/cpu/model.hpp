@@ -4,8 +4,9 @@
 // used in place from the memory map (io/load.hpp): a BF16 checkpoint costs its BF16 bytes of
 // memory, once, shared with the page cache. Only the vectors (norm weights, router scales, layer
 // scalars: a few KiB per layer) are widened to fp32 copies, since every use reads them as fp32.
-// Engines that multiply on AMX tiles use a packed copy of the matrices instead (tiled_weights),
-// which takes the place of the mapped pages it was made from.
+// Engines that multiply on AMX tiles, and AVX2 engines on BF16 matrices, use a copy of the matrices
+// packed as pair tiles instead (tiled_weights, paired_weights), which takes the place of the mapped
+// pages it was made from.
 #pragma once
 
 #include <cstdint>
@@ -97,6 +98,17 @@ class Model {
     return *tiled_;
   }
 
+  // The weights whose BF16 matrices (the same list) are also packed as pair tiles, losslessly, for
+  // the exact AVX2 kernel; the tiled_weights() object itself when every such matrix is BF16.
+  const ModelWeights& paired_weights() const {
+    if (packable_matrices_all_bf16(ckpt_.weights)) return tiled_weights();
+    std::call_once(paired_once_, [&] {
+      paired_ = std::make_unique<const ModelWeights>(
+          pack_for_tiles(ckpt_.weights, ckpt_.checkpoint != nullptr, TilePacking::kBf16Only));
+    });
+    return *paired_;
+  }
+
   // Bytes of all parameters as stored (what the memory map holds), and of the fp32 vector copies.
   std::size_t weight_bytes() const { return weight_bytes_; }
   std::size_t owned_bytes() const { return owned_bytes_; }
@@ -141,6 +153,8 @@ class Model {
   io::LoadedCheckpoint ckpt_;
   mutable std::once_flag tiled_once_;
   mutable std::unique_ptr<const ModelWeights> tiled_;
+  mutable std::once_flag paired_once_;
+  mutable std::unique_ptr<const ModelWeights> paired_;
   std::vector<std::vector<float>> vectors_;
   std::size_t weight_bytes_ = 0;
   std::size_t owned_bytes_ = 0;

@@ -1,25 +1,37 @@
 // SPDX-License-Identifier: Apache-2.0
-// Weights packed once for the AMX tile products. The fast precision on an AMX CPU multiplies
-// y = x W^T with x as the tiles' A operand and W as their B operand (kernels/amx.hpp, xw_packed),
-// which needs W's 32-bit pairs transposed in 16 x 16 blocks. Doing that per call costs what it
-// saves, so it is done once per model, for the matrices every pass multiplies: the attention
-// projections, the dense MLP, the experts and the self-conditioning MLP. The embedding keeps its
-// rows (tokens are looked up by id and the vocabulary pass streams it), the router stays exact, and
-// quantized or split weights keep their own kernels.
+// Weights packed once as pair tiles (kernels/operands.hpp: panels of 16 outputs, the 32-bit pairs of
+// consecutive inputs side by side). Two kernels read that form:
+//   - AMX's bf16 tile products (the fast precision on an AMX CPU), which need W's pairs transposed
+//     in 16 x 16 blocks: every matrix is packed, F32 and F16 ones rounded to bf16;
+//   - the exact AVX2 product, for which a panel of 16 columns becomes one forward stream instead of
+//     16 rows read side by side and transposed: only BF16 matrices are packed, which is lossless.
+// Doing it per call costs what it saves, so it is done once per model, for the matrices every pass
+// multiplies: the attention projections, the dense MLP, the experts and the self-conditioning MLP.
+// The embedding keeps its rows (tokens are looked up by id and the vocabulary pass streams it), the
+// router stays exact and row-major, and quantized or split weights keep their own kernels.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
-#include <vector>
 
 #include <sys/mman.h>
 
+#include <diffusion_gemma/core/status.hpp>
+#include <diffusion_gemma/cpu/isa.hpp>
 #include <diffusion_gemma/cpu/kernels/amx.hpp>
+#include <diffusion_gemma/cpu/kernels/operands.hpp>
 #include <diffusion_gemma/cpu/parallel.hpp>
 #include <diffusion_gemma/model/weights.hpp>
 
 namespace diffusion_gemma::cpu {
+
+// Which matrices a packed copy holds (see the top of this file).
+enum class TilePacking {
+  kAllRoundedToBf16,  // AMX tiles
+  kBf16Only,          // the exact AVX2 kernel: lossless
+};
 
 namespace detail {
 
@@ -32,52 +44,108 @@ inline void release_mapped_pages(const std::byte* data, std::size_t bytes) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
-inline void pack_matrix_tiles(Weight& w, bool release_mapped) {
+// The panel of outputs [n0, n0 + 16) of a BF16 [n, k] matrix (row-major, rows `k` elements apart)
+// as pair tiles, on any CPU: the bf16 values are copied, not converted; pads are zero.
+inline void pack_bf16_pair_panel(const std::byte* w, std::int64_t n, std::int64_t k, std::int64_t n0, std::uint16_t* out) {
+  std::uint16_t* panel = out + kernels::pair_panel_offset(n0, k);
+  const std::int64_t kp = (k + 31) / 32 * 32;
+  for (std::int64_t j = 0; j < kernels::kPairPanelWidth; ++j) {
+    std::uint16_t* column = panel + 2 * j;
+    std::int64_t i = 0;
+    if (n0 + j < n) {
+      const std::byte* row = w + static_cast<std::size_t>((n0 + j) * k) * 2;
+      for (; i < k; ++i) std::memcpy(column + (i / 2) * 2 * kernels::kPairPanelWidth + (i & 1), row + 2 * i, 2);
+    }
+    for (; i < kp; ++i) column[(i / 2) * 2 * kernels::kPairPanelWidth + (i & 1)] = 0;
+  }
+}
+
+inline void pack_matrix_tiles(Weight& w, bool release_mapped, TilePacking which = TilePacking::kAllRoundedToBf16) {
 #if DG_X86_KERNELS
   if (!w.is_dense() || w.empty() || w.shape.rank < 2 || w.shape.rank > 3 || w.tiles) return;
+  if (which == TilePacking::kBf16Only && w.dtype != DType::kBF16) return;
+  const bool amx = cpu_features().best() >= Isa::kAmx;
+  if (!amx && w.dtype != DType::kBF16) {
+    throw_error(StatusCode::kUnsupported, "cpu: rounding ", dtype_name(w.dtype),
+                " weights to bf16 tiles needs AMX (this CPU: ", cpu_features().flags(), ")");
+  }
   const std::int64_t n = w.rows(), k = w.cols(), groups = w.groups();
   const std::size_t per_group = w.tile_elements_per_group();
-  auto packed = std::make_shared<std::vector<std::uint16_t>>(per_group * static_cast<std::size_t>(groups));
+  // Left uninitialised (every element is written below), so its pages are taken only as each group
+  // is packed, and each group's mapped pages are given back right after: memory grows by about a
+  // group per thread at a time, not by the whole matrix (1 GB for the real model's experts).
+  std::shared_ptr<std::uint16_t[]> packed(new std::uint16_t[per_group * static_cast<std::size_t>(groups)]);
   const std::size_t group_bytes = static_cast<std::size_t>(n * k) * dtype_size(w.dtype);
-  parallel_for(groups, [&](std::int64_t g) {
-    kernels::MatrixB b;
-    b.data = w.data + static_cast<std::size_t>(g) * group_bytes;
-    b.dtype = w.dtype;
-    b.ld = k;
-    b.form = kernels::BForm::kNK;
-    std::uint16_t* out = packed->data() + static_cast<std::size_t>(g) * per_group;
-    switch (w.dtype) {
-      case DType::kBF16: kernels::amx::pack_weight_tiles<DType::kBF16>(b, n, k, out); break;
-      case DType::kF16: kernels::amx::pack_weight_tiles<DType::kF16>(b, n, k, out); break;
-      default: kernels::amx::pack_weight_tiles<DType::kF32>(b, n, k, out); break;
+  const std::int64_t panels = (n + kernels::kPairPanelWidth - 1) / kernels::kPairPanelWidth;
+  const auto pack_group = [&](std::int64_t g, int panel_threads) {
+    const std::byte* src = w.data + static_cast<std::size_t>(g) * group_bytes;
+    std::uint16_t* out = packed.get() + static_cast<std::size_t>(g) * per_group;
+    if (amx) {
+      kernels::MatrixB b;
+      b.data = src;
+      b.dtype = w.dtype;
+      b.ld = k;
+      b.form = kernels::BForm::kNK;
+      switch (w.dtype) {
+        case DType::kBF16: kernels::amx::pack_weight_tiles<DType::kBF16>(b, n, k, out); break;
+        case DType::kF16: kernels::amx::pack_weight_tiles<DType::kF16>(b, n, k, out); break;
+        default: kernels::amx::pack_weight_tiles<DType::kF32>(b, n, k, out); break;
+      }
+    } else {  // BF16 only
+      parallel_for(
+          panels, [&](std::int64_t p) { pack_bf16_pair_panel(src, n, k, p * kernels::kPairPanelWidth, out); },
+          panel_threads);
     }
-  });
-  if (release_mapped && w.borrowed()) release_mapped_pages(w.data, w.nbytes());
+    if (release_mapped && w.borrowed()) release_mapped_pages(src, group_bytes);
+  };
+  if (groups > 1) {
+    parallel_for(groups, [&](std::int64_t g) { pack_group(g, 1); });
+  } else {
+    pack_group(0, amx ? 1 : 0);
+  }
+  if (release_mapped && w.borrowed()) release_mapped_pages(w.data, w.nbytes());  // pages across groups
   w.tiles = std::move(packed);
   w.tile_offset = 0;
 #else
   (void)w;
   (void)release_mapped;
+  (void)which;
 #endif
 }
 
 }  // namespace detail
 
-// A copy of `weights` whose matrices listed above also carry their tile form. `release_mapped`:
-// the weights point into a mapped checkpoint, whose pages of the packed matrices are released
-// once packed, so the copy replaces them in memory instead of doubling them (an exact engine on the
-// same model reads them back from the file).
-inline ModelWeights pack_for_tiles(const ModelWeights& weights, bool release_mapped) {
-  ModelWeights out = weights;
-  for (LayerWeights& l : out.layers) {
-    for (Weight* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.mlp_gate, &l.mlp_up, &l.mlp_down,
-                      &l.experts_gate_up, &l.experts_down}) {
-      detail::pack_matrix_tiles(*w, release_mapped);
+// Calls f(Weight&) for each matrix listed at the top of this file.
+template <class Weights, class F>
+void for_each_packable_matrix(Weights& weights, F&& f) {
+  for (auto& l : weights.layers) {
+    for (auto* w : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.mlp_gate, &l.mlp_up, &l.mlp_down,
+                    &l.experts_gate_up, &l.experts_down}) {
+      f(*w);
     }
   }
-  SelfConditioningWeights& sc = out.self_conditioning;
-  for (Weight* w : {&sc.gate_proj, &sc.up_proj, &sc.down_proj}) detail::pack_matrix_tiles(*w, release_mapped);
+  auto& sc = weights.self_conditioning;
+  for (auto* w : {&sc.gate_proj, &sc.up_proj, &sc.down_proj}) f(*w);
+}
+
+// A copy of `weights` whose matrices listed above (those `which` selects) also carry their tile
+// form. `release_mapped`: the weights point into a mapped checkpoint, whose pages of the packed
+// matrices are released once packed, so the copy replaces them in memory instead of doubling them
+// (an engine on the same model that reads the rows reads them back from the file).
+inline ModelWeights pack_for_tiles(const ModelWeights& weights, bool release_mapped,
+                                   TilePacking which = TilePacking::kAllRoundedToBf16) {
+  ModelWeights out = weights;
+  for_each_packable_matrix(out, [&](Weight& w) { detail::pack_matrix_tiles(w, release_mapped, which); });
   return out;
+}
+
+// Whether a kBf16Only copy would hold the same tiles as a kAllRoundedToBf16 one.
+inline bool packable_matrices_all_bf16(const ModelWeights& weights) {
+  bool all = true;
+  for_each_packable_matrix(weights, [&](const Weight& w) {
+    if (w.is_dense() && !w.empty() && w.dtype != DType::kBF16) all = false;
+  });
+  return all;
 }
 
 }  // namespace diffusion_gemma::cpu

@@ -40,10 +40,10 @@ struct Weight {
   std::shared_ptr<const void> owner;  // empty when the bytes belong to the mapped checkpoint
   std::shared_ptr<const QuantizedMatrix> quant;  // set for a quantized matrix
   std::shared_ptr<const std::vector<Weight>> parts;  // set for a split weight
-  // The same dense matrix also packed in the CPU's AMX tile layout (cpu/tile_pack.hpp): made once
-  // per model for the engines whose products run on tiles; this view starts `tile_offset`
-  // elements into it.
-  std::shared_ptr<const std::vector<std::uint16_t>> tiles;
+  // The same dense matrix also packed as pair tiles (cpu/tile_pack.hpp): made once per model for
+  // the engines whose products read that form (AMX tiles, the AVX2 kernel on BF16); this view
+  // starts `tile_offset` elements into it.
+  std::shared_ptr<const std::uint16_t[]> tiles;
   std::size_t tile_offset = 0;
 
   static Weight borrow(const RawTensor& t) {
@@ -78,7 +78,7 @@ struct Weight {
   bool is_split() const { return parts != nullptr; }
   // Stored as plain F32/BF16/F16 numbers in one row-major block.
   bool is_dense() const { return !is_quantized() && !is_split(); }
-  const std::uint16_t* tile_data() const { return tiles ? tiles->data() + tile_offset : nullptr; }
+  const std::uint16_t* tile_data() const { return tiles ? tiles.get() + tile_offset : nullptr; }
   // Elements of one [out, in] matrix in the tile layout: 16 outputs x 32 inputs per tile, padded.
   std::size_t tile_elements_per_group() const {
     return static_cast<std::size_t>((rows() + 15) / 16 * 16) * static_cast<std::size_t>((cols() + 31) / 32 * 32);

@@ -250,9 +250,7 @@ inline std::size_t packed_weight_size(std::int64_t n, std::int64_t k) {
   return static_cast<std::size_t>(round_up(n, 16) * round_up(k, 32));
 }
 // Offset of column (output feature) n0, a multiple of 16, in a packed weight of depth k.
-inline std::size_t packed_weight_offset(std::int64_t n0, std::int64_t k) {
-  return static_cast<std::size_t>(n0 / 16 * round_up(k, 32) * 16);
-}
+inline std::size_t packed_weight_offset(std::int64_t n0, std::int64_t k) { return pair_panel_offset(n0, k); }
 
 // W [n, k] (BForm::kNK) -> B tiles: tile (nb, kb) at (nb * ceil(k / 32) + kb) * 512 holds, in
 // row p and 32-bit column j, the pair (W[16 nb + j][32 kb + 2p], W[16 nb + j][32 kb + 2p + 1]):

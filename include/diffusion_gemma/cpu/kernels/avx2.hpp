@@ -89,6 +89,7 @@ inline double sum_squares_double(const float* x, std::int64_t n) {
 constexpr int kNr = 16;
 constexpr int kMr = 6;
 constexpr std::int64_t kKc = 256;
+static_assert(kNr == kPairPanelWidth && kKc % 32 == 0, "a panel is one pair-tile panel; depth blocks start on a tile");
 
 // 8 consecutive elements widened to fp32 (all 8 must exist; tails go through `load_partial`).
 template <DType T>
@@ -223,6 +224,51 @@ inline void gemm_packed(const Gemm& g) {
       for (std::int64_t m0 = 0; m0 < g.m; m0 += kMr) {
         const std::int64_t rows = g.m - m0 < kMr ? g.m - m0 : kMr;
         micro_rows(rows, g.a + m0 * g.lda + k0, g.lda, panel, kc, g.c + m0 * g.ldc + n0, g.ldc, load_c, nvalid);
+      }
+    }
+  }
+}
+
+// Rows [k0, k0 + kc) of a panel of 16 columns stored as pair tiles (operands.hpp), widened to fp32
+// (exact: a bf16 is the high half of its fp32). The pair (k, k + 1) of 16 columns is 64 contiguous
+// bytes, so a panel is one forward stream, with no transpose. k0 is even; for an odd kc the row
+// kc (a zero pad) is written too, inside the panel buffer.
+inline void unpack_pair_panel(const std::uint16_t* panel_pairs, std::int64_t k0, std::int64_t kc, float* panel) {
+  const I high_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const std::uint16_t* src = panel_pairs + k0 * kNr;
+  for (std::int64_t k = 0; k < kc; k += 2) {
+    const I lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k * kNr));
+    const I hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k * kNr + kNr));
+    float* even = panel + k * kNr;
+    store(even, _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)));
+    store(even + 8, _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)));
+    store(even + kNr, _mm256_castsi256_ps(_mm256_and_si256(lo, high_half)));
+    store(even + kNr + 8, _mm256_castsi256_ps(_mm256_and_si256(hi, high_half)));
+  }
+}
+
+// C[m, n] (+)= A[m, k] W^T for a BF16 weight packed as pair tiles, starting at the panel of output 0.
+// The same loops and micro-kernel as gemm_packed: the same bits as the row-major weight.
+inline void gemm_pairs(const std::uint16_t* w, const float* a, std::int64_t lda, std::int64_t m, std::int64_t n,
+                       std::int64_t k, float* c, std::int64_t ldc, bool accumulate) {
+  if (m <= 0 || n <= 0) return;
+  if (k == 0) {
+    if (!accumulate)
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
+    return;
+  }
+  float* panel = scratch<float, 0>(static_cast<std::size_t>(kKc * kNr));
+  const std::size_t panel_stride = pair_panel_elements(k);
+  for (std::int64_t k0 = 0; k0 < k; k0 += kKc) {
+    const std::int64_t kc = k - k0 < kKc ? k - k0 : kKc;
+    const bool load_c = accumulate || k0 > 0;
+    for (std::int64_t n0 = 0; n0 < n; n0 += kNr) {
+      const std::int64_t nvalid = n - n0 < kNr ? n - n0 : kNr;
+      unpack_pair_panel(w + static_cast<std::size_t>(n0 / kNr) * panel_stride, k0, kc, panel);
+      for (std::int64_t m0 = 0; m0 < m; m0 += kMr) {
+        const std::int64_t rows = m - m0 < kMr ? m - m0 : kMr;
+        micro_rows(rows, a + m0 * lda + k0, lda, panel, kc, c + m0 * ldc + n0, ldc, load_c, nvalid);
       }
     }
   }

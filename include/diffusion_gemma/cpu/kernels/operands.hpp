@@ -86,6 +86,17 @@ struct Gemm {
   }
 };
 
+// Weights packed once as pair tiles (cpu/tile_pack.hpp): a [n, k] matrix becomes panels of 16
+// outputs; within a panel, 32-bit pair p holds (W[j][2p], W[j][2p + 1]) for column j at element
+// 2 (16 p + j) (k padded with zeros to a multiple of 32, outputs to a multiple of 16). AMX reads
+// it as 16 x 32 B tiles, the AVX2 kernel as 16 columns of consecutive k; each panel is one stream.
+inline constexpr std::int64_t kPairPanelWidth = 16;
+inline std::size_t pair_panel_elements(std::int64_t k) { return static_cast<std::size_t>((k + 31) / 32 * 32 * 16); }
+// Offset of the panel holding output `n0` (a multiple of 16).
+inline std::size_t pair_panel_offset(std::int64_t n0, std::int64_t k) {
+  return static_cast<std::size_t>(n0 / kPairPanelWidth) * pair_panel_elements(k);
+}
+
 // Per-thread scratch that grows and is kept (OpenMP threads live as long as the process).
 template <class T, int kSlot>
 T* scratch(std::size_t count) {
