@@ -208,7 +208,11 @@ def main():
     ap.add_argument("--markdown", action="store_true", help="print docs/performance.md's tables from --out and exit")
     args = ap.parse_args()
     out = args.out or os.path.join(here, "results" + (f"-{args.isa}" if args.isa else "") + ".json")
+    # A chart written under another name (--out) says which CPU it is from.
     suffix = f" ({args.isa} kernels)" if args.isa else ""
+    if args.out and not args.isa:
+        machine = json.load(open(out))["meta"]["machine"] if args.chart_only else cpu_model()
+        suffix = f" ({machine})"
     if args.chart_only:
         svg_chart(json.load(open(out))["results"], os.path.splitext(out)[0] + ".svg", suffix)
         return
