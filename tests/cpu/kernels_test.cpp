@@ -95,6 +95,19 @@ double worst_relative(const std::vector<float>& got, const std::vector<double>& 
 
 const char* dtype_label(DType t) { return dtype_name(t); }
 
+// Whether a weight's row-major and packed forms give the same bits through linear(), on padded
+// strides and over a random C (for the accumulating form).
+bool same_product(const cpu::KernelContext& ctx, const Weight& rows, const Weight& packed, std::int64_t m,
+                  bool accumulate, std::mt19937& rng) {
+  const std::int64_t n = rows.rows(), k = rows.cols(), ldx = k + 3, ldy = n + 5;
+  const auto x = random_floats(static_cast<std::size_t>(m * ldx), rng);
+  auto want = random_floats(static_cast<std::size_t>(m * ldy), rng);
+  auto got = want;
+  cpu::linear(ctx, rows, x.data(), ldx, m, want.data(), ldy, accumulate);
+  cpu::linear(ctx, packed, x.data(), ldx, m, got.data(), ldy, accumulate);
+  return got == want;
+}
+
 }  // namespace
 
 TEST_CASE("products with a weight match a double-precision oracle on every kernel family", "[cpu][kernels]") {
@@ -220,13 +233,7 @@ TEST_CASE("matrices packed for AMX tiles give the bits of the row-major tile ker
   // Both kernels sum the same bf16 products in the same order: the results must be equal, bit for
   // bit, including the tails of every tile dimension and products split across threads.
   const auto same_bits = [&](const Weight& rows, const Weight& packed, std::int64_t m, bool accumulate) {
-    const std::int64_t n = rows.rows(), k = rows.cols(), ldx = k + 3, ldy = n + 5;
-    const auto x = random_floats(static_cast<std::size_t>(m * ldx), rng);
-    auto want = random_floats(static_cast<std::size_t>(m * ldy), rng);
-    auto got = want;
-    cpu::linear(ctx, rows, x.data(), ldx, m, want.data(), ldy, accumulate);
-    cpu::linear(ctx, packed, x.data(), ldx, m, got.data(), ldy, accumulate);
-    return got == want;
+    return same_product(ctx, rows, packed, m, accumulate, rng);
   };
   struct Size {
     std::int64_t m, n, k;
@@ -275,13 +282,7 @@ TEST_CASE("BF16 matrices packed as pair tiles give the exact AVX2 bits of the ro
   // The same fp32 panels reach the same micro-kernel in the same order: equal bits, for every tail
   // (outputs not a multiple of 16, depths odd, not a multiple of 32, across the 256-deep blocks).
   const auto same_bits = [&](const Weight& rows, const Weight& packed, std::int64_t m, bool accumulate) {
-    const std::int64_t n = rows.rows(), k = rows.cols(), ldx = k + 3, ldy = n + 5;
-    const auto x = random_floats(static_cast<std::size_t>(m * ldx), rng);
-    auto want = random_floats(static_cast<std::size_t>(m * ldy), rng);
-    auto got = want;
-    cpu::linear(ctx, rows, x.data(), ldx, m, want.data(), ldy, accumulate);
-    cpu::linear(ctx, packed, x.data(), ldx, m, got.data(), ldy, accumulate);
-    return got == want;
+    return same_product(ctx, rows, packed, m, accumulate, rng);
   };
   struct Size {
     std::int64_t m, n, k;

@@ -206,27 +206,38 @@ inline void micro_rows(std::int64_t rows, const float* a, std::int64_t lda, cons
   }
 }
 
-template <DType T>
-inline void gemm_packed(const Gemm& g) {
+// C (+)= A op(B) in blocks of kKc depth x kNr columns: fill_panel(n0, nvalid, k0, kc, panel) writes
+// the block's fp32 panel, and the register tile runs over every row of A against it.
+template <class FillPanel>
+inline void gemm_blocked(const float* a, std::int64_t lda, std::int64_t m, std::int64_t n, std::int64_t k, float* c,
+                         std::int64_t ldc, bool accumulate, FillPanel&& fill_panel) {
   float* panel = scratch<float, 0>(static_cast<std::size_t>(kKc * kNr));
-  if (g.k == 0) {
-    if (!g.accumulate)
-      for (std::int64_t m = 0; m < g.m; ++m)
-        for (std::int64_t n = 0; n < g.n; ++n) g.c[m * g.ldc + n] = 0.0f;
+  if (k == 0) {
+    if (!accumulate)
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
     return;
   }
-  for (std::int64_t k0 = 0; k0 < g.k; k0 += kKc) {
-    const std::int64_t kc = g.k - k0 < kKc ? g.k - k0 : kKc;
-    const bool load_c = g.accumulate || k0 > 0;
-    for (std::int64_t n0 = 0; n0 < g.n; n0 += kNr) {
-      const std::int64_t nvalid = g.n - n0 < kNr ? g.n - n0 : kNr;
-      pack_panel<T>(g.b, n0, nvalid, k0, kc, panel);
-      for (std::int64_t m0 = 0; m0 < g.m; m0 += kMr) {
-        const std::int64_t rows = g.m - m0 < kMr ? g.m - m0 : kMr;
-        micro_rows(rows, g.a + m0 * g.lda + k0, g.lda, panel, kc, g.c + m0 * g.ldc + n0, g.ldc, load_c, nvalid);
+  for (std::int64_t k0 = 0; k0 < k; k0 += kKc) {
+    const std::int64_t kc = k - k0 < kKc ? k - k0 : kKc;
+    const bool load_c = accumulate || k0 > 0;
+    for (std::int64_t n0 = 0; n0 < n; n0 += kNr) {
+      const std::int64_t nvalid = n - n0 < kNr ? n - n0 : kNr;
+      fill_panel(n0, nvalid, k0, kc, panel);
+      for (std::int64_t m0 = 0; m0 < m; m0 += kMr) {
+        const std::int64_t rows = m - m0 < kMr ? m - m0 : kMr;
+        micro_rows(rows, a + m0 * lda + k0, lda, panel, kc, c + m0 * ldc + n0, ldc, load_c, nvalid);
       }
     }
   }
+}
+
+template <DType T>
+inline void gemm_packed(const Gemm& g) {
+  gemm_blocked(g.a, g.lda, g.m, g.n, g.k, g.c, g.ldc, g.accumulate,
+               [&](std::int64_t n0, std::int64_t nvalid, std::int64_t k0, std::int64_t kc, float* panel) {
+                 pack_panel<T>(g.b, n0, nvalid, k0, kc, panel);
+               });
 }
 
 // Rows [k0, k0 + kc) of a panel of 16 columns stored as pair tiles (operands.hpp), widened to fp32
@@ -248,30 +259,15 @@ inline void unpack_pair_panel(const std::uint16_t* panel_pairs, std::int64_t k0,
 }
 
 // C[m, n] (+)= A[m, k] W^T for a BF16 weight packed as pair tiles, starting at the panel of output 0.
-// The same loops and micro-kernel as gemm_packed: the same bits as the row-major weight.
+// The same blocks and micro-kernel as gemm_packed, so the same bits as the row-major weight.
 inline void gemm_pairs(const std::uint16_t* w, const float* a, std::int64_t lda, std::int64_t m, std::int64_t n,
                        std::int64_t k, float* c, std::int64_t ldc, bool accumulate) {
   if (m <= 0 || n <= 0) return;
-  if (k == 0) {
-    if (!accumulate)
-      for (std::int64_t i = 0; i < m; ++i)
-        for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
-    return;
-  }
-  float* panel = scratch<float, 0>(static_cast<std::size_t>(kKc * kNr));
   const std::size_t panel_stride = pair_panel_elements(k);
-  for (std::int64_t k0 = 0; k0 < k; k0 += kKc) {
-    const std::int64_t kc = k - k0 < kKc ? k - k0 : kKc;
-    const bool load_c = accumulate || k0 > 0;
-    for (std::int64_t n0 = 0; n0 < n; n0 += kNr) {
-      const std::int64_t nvalid = n - n0 < kNr ? n - n0 : kNr;
-      unpack_pair_panel(w + static_cast<std::size_t>(n0 / kNr) * panel_stride, k0, kc, panel);
-      for (std::int64_t m0 = 0; m0 < m; m0 += kMr) {
-        const std::int64_t rows = m - m0 < kMr ? m - m0 : kMr;
-        micro_rows(rows, a + m0 * lda + k0, lda, panel, kc, c + m0 * ldc + n0, ldc, load_c, nvalid);
-      }
-    }
-  }
+  gemm_blocked(a, lda, m, n, k, c, ldc, accumulate,
+               [&](std::int64_t n0, std::int64_t, std::int64_t k0, std::int64_t kc, float* panel) {
+                 unpack_pair_panel(w + static_cast<std::size_t>(n0 / kNr) * panel_stride, k0, kc, panel);
+               });
 }
 
 template <DType T, int MR>
