@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The same checkpoints in BF16 and quantized by `dgemma quantize` with each scheme, side by side:
 denoise step (backbone and vocabulary pass separately), commit, weight bytes and peak memory, for
-this library in its default precision. Rounds alternate between the variants so that a noisy
+this library in its default precision (and W4A16 also in the exact one). Rounds alternate between the variants so that a noisy
 machine slows all of them alike; the medians are reported. Writes
 benchmarks/cpu/results-quantized.json and prints the table of docs/performance.md.
 
@@ -59,11 +59,15 @@ def main():
                     subprocess.run([args.dgemma, "quantize", "--model", base, "--out", path] + flags, check=True,
                                    capture_output=True)
                 variants[scheme] = path
+            # W4A16 once more in the exact precision: on an AVX2 CPU the default (fast) one multiplies
+            # 4-bit weights with int8 activations, and this row shows what that changes.
+            variants["w4a16-exact"] = variants["w4a16"]
             runs = {v: [] for v in variants}
             for r in range(args.rounds):
                 for v, path in variants.items():
+                    extra = ["--precision", "exact"] if v.endswith("-exact") else []
                     runs[v].append(run_json([args.bench, "--model", path, "--threads", str(args.threads), "--repeats", "1",
-                                             "--steps", "4", "--prompt", "256", "--only", "step,commit"]))
+                                             "--steps", "4", "--prompt", "256", "--only", "step,commit"] + extra))
                     print(f"{cfg} {v} round {r}: step {runs[v][-1]['step_seconds']:.3f} s", file=sys.stderr)
             results[cfg] = {}
             for v, rs in runs.items():

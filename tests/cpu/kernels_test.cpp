@@ -607,3 +607,115 @@ TEST_CASE("vector dequantisation equals the scalar form bit for bit; quantized p
     }
   }
 }
+
+// The fast precision on AVX2: 4-bit weights times activations rounded to 8-bit integers
+// (cpu/kernels/int8_products.hpp). The AVX2 kernel must give the scalar reference's bits, at any
+// thread count and for a row alone; against the exact product it may differ only by the rounding of
+// the activations (half a step of each chunk's scale) and of the exact path's bf16 weights.
+TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][kernels][quant][int8]") {
+  if (cpu::cpu_features().best() < cpu::Isa::kAvx2) {
+    WARN("the int8 products are not run: this CPU lacks AVX2");
+    return;
+  }
+  namespace i8 = cpu::kernels::int8;
+  std::mt19937 gen(23);
+  for (bool asymmetric : {false, true}) {
+    for (DType st : {DType::kBF16, DType::kF32}) {
+      for (std::int64_t group : {std::int64_t{0}, std::int64_t{32}, std::int64_t{64}}) {
+        for (std::int64_t cols : {std::int64_t{96}, std::int64_t{200}, std::int64_t{256}}) {
+          const std::int64_t rows = cols == 256 ? 300 : 37;
+          RandomQuantized m(QuantFormat::kPacked, 4, rows, cols, group, st, asymmetric, gen);
+          REQUIRE(i8::supported(m.q));
+          const Weight w = Weight::quantized(m.q);
+          std::vector<std::byte> deq(static_cast<std::size_t>(rows * cols) * dtype_size(st));
+          cpu::kernels::dequantize_rows(m.q, 0, rows, deq.data());
+          for (std::int64_t M : {std::int64_t{1}, std::int64_t{5}, std::int64_t{6}, std::int64_t{13}, std::int64_t{20}}) {
+            INFO("asym " << asymmetric << " scale " << dtype_name(st) << " group " << group << " cols " << cols
+                         << " rows " << rows << " m " << M);
+            const std::int64_t ldx = cols + 3, ldy = rows + 5;
+            std::vector<float> x = random_floats(static_cast<std::size_t>(M * ldx), gen);
+            x[static_cast<std::size_t>(ldx - 4)] *= 40.0f;  // an outlier coarsens only its own chunk
+            // The scalar reference.
+            const i8::Chunks chunks = i8::chunks_of(m.q);
+            std::vector<std::uint8_t> codes(static_cast<std::size_t>(M * cols));
+            std::vector<float> scales(static_cast<std::size_t>(M * chunks.count));
+            i8::quantize_activations_scalar(x.data(), ldx, M, cols, chunks, codes.data(), scales.data());
+            i8::Activations a;
+            a.codes = codes.data();
+            a.scales = scales.data();
+            a.m = M;
+            a.k = cols;
+            a.chunks = chunks;
+            std::vector<float> want = random_floats(static_cast<std::size_t>(M * ldy), gen);
+            std::vector<float> accumulated = want;
+            i8::product_columns(m.q, a, 0, rows, want.data(), ldy, false, /*vector=*/false);
+            // The AVX2 path through linear(), on one and two threads, overwriting and accumulating.
+            cpu::KernelContext ctx;
+            ctx.isa = cpu::Isa::kAvx2;
+            ctx.precision = cpu::Precision::kFast;
+            REQUIRE(ctx.int8_products(m.q));
+            for (int threads : {1, 2}) {
+              ctx.threads = threads;
+              std::vector<float> got = random_floats(want.size(), gen);
+              cpu::linear(ctx, w, x.data(), ldx, M, got.data(), ldy);
+              bool same = true;
+              for (std::int64_t r = 0; r < M; ++r)
+                for (std::int64_t n = 0; n < rows; ++n) same &= got[r * ldy + n] == want[r * ldy + n];
+              CHECK(same);
+            }
+            std::vector<float> acc_got = accumulated;
+            cpu::linear(ctx, w, x.data(), ldx, M, acc_got.data(), ldy, /*accumulate=*/true);
+            bool acc_ok = true;
+            for (std::int64_t r = 0; r < M; ++r)
+              for (std::int64_t n = 0; n < rows; ++n)
+                acc_ok &= acc_got[r * ldy + n] == accumulated[r * ldy + n] + want[r * ldy + n];
+            CHECK(acc_ok);
+            // A row alone gives the bits it gives among others.
+            std::vector<float> alone(static_cast<std::size_t>(ldy));
+            cpu::linear(ctx, w, x.data() + (M - 1) * ldx, ldx, 1, alone.data(), ldy);
+            CHECK(std::memcmp(alone.data(), want.data() + (M - 1) * ldy, static_cast<std::size_t>(rows) * 4) == 0);
+            // Within the rounding bound of the exact product.
+            cpu::KernelContext exact;
+            exact.isa = cpu::Isa::kAvx2;
+            exact.precision = cpu::Precision::kExact;
+            std::vector<float> ref(want.size());
+            cpu::linear(exact, w, x.data(), ldx, M, ref.data(), ldy);
+            double worst = 0.0;
+            for (std::int64_t r = 0; r < M; ++r) {
+              for (std::int64_t n = 0; n < rows; ++n) {
+                double bound = 1e-30;
+                for (std::int64_t c = 0; c < cols; ++c) {
+                  const double wv = cpu::kernels::MatrixB::element(deq.data(), st, n * cols + c);
+                  const double half_step = 0.5 * scales[static_cast<std::size_t>(r * chunks.count + c / chunks.length)];
+                  bound += std::abs(wv) * (half_step + std::abs(x[r * ldx + c]) * (1.0 / 256 + 1e-5));
+                }
+                worst = std::max(worst, std::abs(static_cast<double>(want[r * ldy + n]) - ref[r * ldy + n]) / bound);
+              }
+            }
+            CHECK(worst <= 1.0);
+          }
+        }
+      }
+    }
+  }
+  // A NaN activation makes its row's outputs NaN, as the exact product does; other rows are finite.
+  RandomQuantized m(QuantFormat::kPacked, 4, 40, 64, 32, DType::kBF16, false, gen);
+  std::vector<float> x = random_floats(2 * 64, gen);
+  x[70] = std::nanf("");
+  std::vector<float> y(2 * 40);
+  cpu::KernelContext ctx;
+  ctx.isa = cpu::Isa::kAvx2;
+  ctx.precision = cpu::Precision::kFast;
+  cpu::linear(ctx, Weight::quantized(m.q), x.data(), 64, 2, y.data(), 40);
+  bool first_finite = true, second_nan = true;
+  for (int n = 0; n < 40; ++n) {
+    first_finite &= std::isfinite(y[static_cast<std::size_t>(n)]);
+    second_nan &= std::isnan(y[static_cast<std::size_t>(40 + n)]);
+  }
+  CHECK(first_finite);
+  CHECK(second_nan);
+  // Layouts without this kernel keep the exact path.
+  CHECK_FALSE(i8::supported(RandomQuantized(QuantFormat::kPacked, 8, 4, 64, 32, DType::kBF16, false, gen).q));
+  CHECK_FALSE(i8::supported(RandomQuantized(QuantFormat::kPacked, 4, 4, 64, 16, DType::kBF16, false, gen).q));
+  CHECK_FALSE(i8::supported(RandomQuantized(QuantFormat::kInt8, 8, 4, 64, 0, DType::kBF16, false, gen).q));
+}

@@ -5,6 +5,7 @@
 // compute it (in the scale's dtype), so a dequantised weight here equals theirs bit for bit.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -86,6 +87,18 @@ DG_HOST_DEVICE float round_to(DType t, float v) {
 // an exact small integer in every dtype this is used with (|q - zero| < 2^8).
 DG_HOST_DEVICE float dequantize(float q_minus_zero, float scale, DType scale_dtype) {
   return round_to(scale_dtype, q_minus_zero * scale);
+}
+
+// Activations rounded to 8-bit integers for the fast precision's integer products
+// (cpu/kernels/int8_products.hpp): a = scale * (code - 128), scale = max |a| / 127 over the
+// values that share it. The code is rounded to nearest, ties to even (rintf, as cvtps2dq does);
+// NaN becomes -127, as the vector conversion's out-of-range value clamps there.
+DG_HOST_DEVICE float activation_scale(float absmax) { return absmax / 127.0f; }
+DG_HOST_DEVICE float activation_inverse_scale(float absmax) { return absmax > 0.0f ? 127.0f / absmax : 0.0f; }
+DG_HOST_DEVICE std::uint8_t activation_code(float a, float inverse_scale) {
+  const float t = rintf(a * inverse_scale);
+  const int v = (t >= -127.0f && t <= 127.0f) ? static_cast<int>(t) : (t > 127.0f ? 127 : -127);
+  return static_cast<std::uint8_t>(v + 128);
 }
 
 }  // namespace diffusion_gemma::quant

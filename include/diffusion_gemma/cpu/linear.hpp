@@ -8,9 +8,11 @@
 // Precisions (docs/design.md, "The weight path"):
 //   exact  fp32 activations and accumulation; BF16/F16 weights widened exactly in registers. The
 //          products every parity test holds to (bitwise equal between the AVX2 and AVX-512 paths).
-//   fast   on CPUs with AMX: activations rounded to bf16, fp32 accumulation on the tiles. Elsewhere
-//          it is exact (this CPU family's AVX512-BF16 dot product measured slower than fp32 FMA),
-//          and so are products of at most 4 rows, which only stream the weight.
+//   fast   on CPUs with AMX: activations rounded to bf16, fp32 accumulation on the tiles. On AVX2
+//          CPUs (no AVX-512): 4-bit integer weights multiply activations rounded to 8-bit integers
+//          (cpu/kernels/int8_products.hpp), every other product is exact. Elsewhere it is exact
+//          (this CPU family's AVX512-BF16 dot product measured slower than fp32 FMA), and so are
+//          products of at most 4 rows on AMX, which only stream the weight.
 //
 // Quantized weights (docs/quantization.md) take the same kernels: blocks of rows are dequantised
 // into a per-thread buffer in the scale's dtype (cpu/kernels/dequantize.hpp) and multiplied at
@@ -33,6 +35,7 @@
 #include <diffusion_gemma/cpu/kernels/avx512.hpp>
 #include <diffusion_gemma/cpu/kernels/dequantize_simd.hpp>
 #include <diffusion_gemma/cpu/kernels/generic.hpp>
+#include <diffusion_gemma/cpu/kernels/int8_products.hpp>
 #include <diffusion_gemma/cpu/kernels/operands.hpp>
 #include <diffusion_gemma/cpu/parallel.hpp>
 #include <diffusion_gemma/model/weight.hpp>
@@ -70,10 +73,19 @@ struct KernelContext {
 
   // Whether weight products run on AMX tiles in bf16.
   bool bf16_tiles() const { return precision == Precision::kFast && isa == Isa::kAmx; }
+  // Whether a quantized weight's products take 8-bit integer activations (AVX2 only: measured
+  // faster than fp32 there; AVX-512 and AMX machines keep their own paths).
+  bool int8_products(const QuantizedMatrix& q) const {
+    return precision == Precision::kFast && isa == Isa::kAvx2 && kernels::int8::supported(q);
+  }
   // The product path in words, for `dgemma info` and benchmark output.
   std::string path() const {
     std::string s = std::string(isa_name(isa)) + ", " + precision_name(precision);
-    if (precision == Precision::kFast) s += bf16_tiles() ? " (bf16 on AMX tiles)" : " (= exact: no AMX)";
+    if (precision == Precision::kFast) {
+      if (bf16_tiles()) s += " (bf16 on AMX tiles)";
+      else if (isa == Isa::kAvx2) s += " (int8 activations x 4-bit weights; otherwise exact)";
+      else s += " (= exact: no AMX)";
+    }
     return s;
   }
 };
@@ -196,6 +208,30 @@ inline void quantized_linear(const KernelContext& ctx, const QuantizedMatrix& q,
   });
 }
 
+// linear() for a 4-bit weight in the fast precision on AVX2: the activations are rounded once on
+// the calling thread, then each thread unpacks its panels of the weight and multiplies.
+inline void int8_linear(const KernelContext& ctx, const QuantizedMatrix& q, const float* x, std::int64_t ldx,
+                        std::int64_t m, float* y, std::int64_t ldy, bool accumulate) {
+  namespace i8 = kernels::int8;
+  const std::int64_t n = q.rows, k = q.cols;
+  i8::Activations a;
+  a.m = m;
+  a.k = k;
+  a.chunks = i8::chunks_of(q);
+  std::uint8_t* codes = kernels::scratch<std::uint8_t, 9>(static_cast<std::size_t>(m * k));
+  float* scales = kernels::scratch<float, 13>(static_cast<std::size_t>(m * a.chunks.count));
+  a.codes = codes;
+  a.scales = scales;
+  const bool vector = DG_X86_KERNELS && ctx.isa >= Isa::kAvx2;
+#if DG_X86_KERNELS
+  if (vector) i8::avx2::quantize_activations(x, ldx, m, k, a.chunks, codes, scales);
+#endif
+  if (!vector) i8::quantize_activations_scalar(x, ldx, m, k, a.chunks, codes, scales);
+  over_columns(ctx, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
+    i8::product_columns(q, a, n0, n1, y, ldy, accumulate, vector);
+  });
+}
+
 }  // namespace detail
 
 // y[m, out] (+)= x[m, in] W^T for a weight W [out, in]; x rows `ldx` floats apart, y rows `ldy`.
@@ -215,6 +251,10 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
   KernelContext run = ctx;
   if (serial) run.threads = 1;
   if (w.is_quantized()) {
+    if (ctx.int8_products(*w.quant)) {
+      detail::int8_linear(run, *w.quant, x, ldx, m, y, ldy, accumulate);
+      return;
+    }
     const std::uint16_t* xp = nullptr;
 #if DG_X86_KERNELS
     if (detail::tiles_for(ctx, m)) {

@@ -1,0 +1,365 @@
+// SPDX-License-Identifier: Apache-2.0
+// Products of 4-bit integer weights (compressed-tensors pack-quantized, symmetric or asymmetric)
+// with activations rounded to 8-bit integers: the fast precision on AVX2 CPUs without AMX
+// (docs/quantization.md, "The fast precision on AVX2").
+//
+// Why integers: at a 256-token canvas every expert serves tens of rows at once, so these products
+// are bound by arithmetic, and widening 4-bit weights to fp32 (the exact precision) can only add
+// to an fp32 product's time. AVX2's vpmaddubsw multiplies 32 unsigned-by-signed byte pairs per
+// instruction; measured on a Zen 3 EPYC in an L1-resident 6 x 16 tile it does 72 G multiply-adds/s
+// on one core against 45 for fp32 FMA (and 35 for 16-bit vpmaddwd, which is why the activations
+// are 8-bit: 16-bit integers are no faster than fp32 there).
+//
+// The arithmetic, per output y[r][n] with k cut into chunks (the weight's groups, or 128 columns
+// when the weight has one scale per row):
+//   a[r][c] ~ alpha[r][ch] * (code[r][c] - 128), code = 128 + clamp(rint(a / alpha), -127, 127),
+//            alpha = max |a| over the row's chunk / 127            (core/quant.hpp)
+//   y[r][n] = sum over chunks of  float(I[r][n][ch]) * (scale[n][ch] * alpha[r][ch])   (fp32 FMA)
+//   I[r][n][ch] = sum over the chunk of code[r][c] * w[n][c]  -  128 * sum of w[n][c]  (exact int)
+// with w = q - zero in [-15, 15]. A pair of code * w products is at most 2 * 255 * 15 = 7650, so
+// vpmaddubsw never saturates, and a chunk's int32 sum is exact; the result is the same bits on
+// every thread split and for a row alone or among others. reference_product() is that arithmetic
+// in scalar code, which the AVX2 kernel equals bit for bit (tests/cpu/kernels_test.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include <diffusion_gemma/core/quant.hpp>
+#include <diffusion_gemma/cpu/isa.hpp>
+#include <diffusion_gemma/cpu/kernels/dequantize.hpp>
+#include <diffusion_gemma/cpu/kernels/operands.hpp>
+#include <diffusion_gemma/model/quantized_matrix.hpp>
+
+namespace diffusion_gemma::cpu::kernels::int8 {
+
+// Columns of k per activation scale when the weight has one scale per output row (or one in all):
+// short enough that an outlier only coarsens its own 128 columns.
+inline constexpr std::int64_t kChannelChunk = 128;
+// Output columns per weight panel (two AVX2 registers of 8 int32 sums).
+inline constexpr std::int64_t kPanel = 16;
+
+// Whether a quantized matrix has this kernel: 4-bit pack-quantized, k a multiple of 4 (the kernel
+// reads 4 inputs per byte lane group), groups a multiple of 32 (one register of codes per step).
+inline bool supported(const QuantizedMatrix& q) {
+  return q.format == QuantFormat::kPacked && q.bits == 4 && q.cols > 0 && q.cols % 4 == 0 &&
+         (q.group_size <= 0 || q.group_size % 32 == 0);
+}
+
+// How k is cut: chunk ch covers columns [ch * length, min(k, (ch + 1) * length)).
+struct Chunks {
+  std::int64_t length = 0, count = 0;
+};
+inline Chunks chunks_of(const QuantizedMatrix& q) {
+  Chunks c;
+  c.length = q.group_size > 0 ? q.group_size : kChannelChunk;
+  c.count = (q.cols + c.length - 1) / c.length;
+  return c;
+}
+
+// Activations rounded for one product: `codes` [m][k] bytes, `scales` [m][chunks].
+struct Activations {
+  const std::uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+  std::int64_t m = 0, k = 0;
+  Chunks chunks;
+};
+
+// One panel of 16 weight rows (output columns), unpacked for the kernel:
+//   values  [k / 4][16][4] signed bytes w = q - zero (the 4 consecutive inputs of a column side by
+//           side, as vpmaddubsw pairs them), zero past the matrix's last row;
+//   offset  [chunks][16] int32: -128 * the chunk's sum of w (removes the codes' +128);
+//   scale   [chunks][16] float: the weight scale of the chunk's group, 0 past the last row.
+struct Panel {
+  std::int8_t* values = nullptr;
+  std::int32_t* offset = nullptr;
+  float* scale = nullptr;
+};
+inline std::size_t panel_value_bytes(std::int64_t k) { return static_cast<std::size_t>(k * kPanel); }
+
+namespace detail {
+
+inline float scale_of(const QuantizedMatrix& q, std::int64_t r, std::int64_t c0) {
+  switch (q.scale_dtype()) {
+    case DType::kBF16: return kernels::detail::ct_scale<DType::kBF16>(q, r, c0);
+    case DType::kF16: return kernels::detail::ct_scale<DType::kF16>(q, r, c0);
+    default: return kernels::detail::ct_scale<DType::kF32>(q, r, c0);
+  }
+}
+
+inline int zero_of(const QuantizedMatrix& q, std::int64_t r, std::int64_t ch) {
+  return static_cast<int>(kernels::detail::packed_zero(q, r, q.group_size > 0 ? ch : 0, q.groups()));
+}
+
+// The packed 32-bit words of row r.
+inline const std::byte* packed_row(const QuantizedMatrix& q, std::int64_t r) {
+  return q.values.data + r * ((q.cols * q.bits + 31) / 32) * 4;
+}
+
+}  // namespace detail
+
+// Rows [0, m) of x rounded to codes and scales, in scalar code (the reference for the AVX2 form).
+inline void quantize_activations_scalar(const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k,
+                                        const Chunks& chunks, std::uint8_t* codes, float* scales) {
+  for (std::int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * ldx;
+    for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
+      const std::int64_t c0 = ch * chunks.length, c1 = std::min(k, c0 + chunks.length);
+      float absmax = 0.0f;
+      bool nan = false;
+      for (std::int64_t c = c0; c < c1; ++c) {
+        nan |= std::isnan(row[c]);
+        absmax = std::max(absmax, std::fabs(row[c]));
+      }
+      if (nan) absmax = std::nanf("");
+      const float inv = quant::activation_inverse_scale(absmax);
+      scales[r * chunks.count + ch] = quant::activation_scale(absmax);
+      for (std::int64_t c = c0; c < c1; ++c) codes[r * k + c] = quant::activation_code(row[c], inv);
+    }
+  }
+}
+
+// Rows [n0, n0 + 16) of q as a Panel (rows past q.rows are zero), in scalar code.
+inline void unpack_panel_scalar(const QuantizedMatrix& q, std::int64_t n0, const Chunks& chunks, Panel p) {
+  const std::int64_t k = q.cols;
+  for (std::int64_t j = 0; j < kPanel; ++j) {
+    const std::int64_t r = n0 + j;
+    const bool valid = r < q.rows;
+    const std::byte* row = valid ? detail::packed_row(q, r) : nullptr;
+    for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
+      const std::int64_t c0 = ch * chunks.length, c1 = std::min(k, c0 + chunks.length);
+      const int zero = valid ? detail::zero_of(q, r, ch) : 0;
+      std::int32_t sum = 0;
+      for (std::int64_t c = c0; c < c1; ++c) {
+        const int w = valid ? static_cast<int>(quant::unpack_field(row, c, 4)) - zero : 0;
+        p.values[(c / 4) * kPanel * 4 + j * 4 + c % 4] = static_cast<std::int8_t>(w);
+        sum += w;
+      }
+      p.offset[ch * kPanel + j] = -128 * sum;
+      p.scale[ch * kPanel + j] = valid ? detail::scale_of(q, r, c0) : 0.0f;
+    }
+  }
+}
+
+// y[r][n0 + j] (+)= the product of rows [0, m) with panel `p`, for j < nvalid, in scalar code:
+// the arithmetic the AVX2 kernel performs, in the same order.
+inline void panel_product_scalar(const Activations& a, const Panel& p, std::int64_t nvalid, float* y, std::int64_t ldy,
+                                 bool accumulate) {
+  for (std::int64_t r = 0; r < a.m; ++r) {
+    for (std::int64_t j = 0; j < nvalid; ++j) {
+      float f = 0.0f;
+      for (std::int64_t ch = 0; ch < a.chunks.count; ++ch) {
+        const std::int64_t c0 = ch * a.chunks.length, c1 = std::min(a.k, c0 + a.chunks.length);
+        std::int32_t sum = p.offset[ch * kPanel + j];
+        for (std::int64_t c = c0; c < c1; ++c) {
+          sum += static_cast<std::int32_t>(a.codes[r * a.k + c]) * p.values[(c / 4) * kPanel * 4 + j * 4 + c % 4];
+        }
+        const float s = p.scale[ch * kPanel + j] * a.scales[r * a.chunks.count + ch];
+        f = std::fma(static_cast<float>(sum), s, f);
+      }
+      float& out = y[r * ldy + j];
+      out = accumulate ? out + f : f;
+    }
+  }
+}
+
+#if DG_X86_KERNELS
+
+namespace avx2 {
+
+DG_BEGIN_TARGET_AVX2
+
+// Row r's chunk [c0, c1) of x rounded to codes; returns the chunk's scale.
+inline float quantize_chunk(const float* row, std::int64_t c0, std::int64_t c1, std::uint8_t* codes) {
+  __m256 vmax = _mm256_setzero_ps();
+  __m256 vnan = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  std::int64_t c = c0;
+  for (; c + 8 <= c1; c += 8) {
+    const __m256 v = _mm256_loadu_ps(row + c);
+    vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, v));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float absmax = 0.0f;
+  for (float l : lanes) absmax = std::max(absmax, l);
+  bool nan = _mm256_movemask_ps(vnan) != 0;
+  for (; c < c1; ++c) {
+    nan |= std::isnan(row[c]);
+    absmax = std::max(absmax, std::fabs(row[c]));
+  }
+  if (nan) absmax = std::nanf("");
+  const float inv = quant::activation_inverse_scale(absmax);
+  const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127), bias = _mm256_set1_epi32(128);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  c = c0;
+  for (; c + 32 <= c1; c += 32) {
+    __m256i v[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256i t = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(row + c + 8 * i), vinv));
+      v[i] = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(t, lo), hi), bias);
+    }
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + c), _mm256_permutevar8x32_epi32(bytes, order));
+  }
+  for (; c < c1; ++c) codes[c] = quant::activation_code(row[c], inv);
+  return quant::activation_scale(absmax);
+}
+
+inline void quantize_activations(const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k, const Chunks& chunks,
+                                 std::uint8_t* codes, float* scales) {
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
+      const std::int64_t c0 = ch * chunks.length, c1 = std::min(k, c0 + chunks.length);
+      scales[r * chunks.count + ch] = quantize_chunk(x + r * ldx, c0, c1, codes + r * k);
+    }
+  }
+}
+
+// Rows [n0, n0 + 16) of q as a Panel: the scalar form's values, 32 inputs per step.
+inline void unpack_panel(const QuantizedMatrix& q, std::int64_t n0, const Chunks& chunks, Panel p) {
+  const std::int64_t k = q.cols;
+  const __m128i nibble = _mm_set1_epi8(0x0F);
+  const __m256i ones8 = _mm256_set1_epi8(1);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  auto* out = reinterpret_cast<std::uint32_t*>(p.values);
+  for (std::int64_t j = 0; j < kPanel; ++j) {
+    const std::int64_t r = n0 + j;
+    const bool valid = r < q.rows;
+    const std::byte* row = valid ? detail::packed_row(q, r) : nullptr;
+    for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
+      const std::int64_t c0 = ch * chunks.length, c1 = std::min(k, c0 + chunks.length);
+      const int zero = valid ? detail::zero_of(q, r, ch) : 0;
+      const __m256i vzero = _mm256_set1_epi8(static_cast<char>(zero));
+      __m256i vsum = _mm256_setzero_si256();
+      std::int64_t c = c0;
+      if (valid) {
+        for (; c + 32 <= c1; c += 32) {
+          const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2));
+          const __m128i l = _mm_and_si128(bytes, nibble), h = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
+          const __m256i codes = _mm256_set_m128i(_mm_unpackhi_epi8(l, h), _mm_unpacklo_epi8(l, h));
+          const __m256i w = _mm256_sub_epi8(codes, vzero);
+          vsum = _mm256_add_epi32(vsum, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, w), ones16));
+          alignas(32) std::uint32_t quads[8];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(quads), w);
+          std::uint32_t* dst = out + (c / 4) * kPanel + j;
+          for (int d = 0; d < 8; ++d) dst[d * kPanel] = quads[d];
+        }
+      }
+      alignas(32) std::int32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vsum);
+      std::int32_t sum = 0;
+      for (std::int32_t l : lanes) sum += l;
+      for (; c < c1; ++c) {
+        const int w = valid ? static_cast<int>(quant::unpack_field(row, c, 4)) - zero : 0;
+        p.values[(c / 4) * kPanel * 4 + j * 4 + c % 4] = static_cast<std::int8_t>(w);
+        sum += w;
+      }
+      p.offset[ch * kPanel + j] = -128 * sum;
+      p.scale[ch * kPanel + j] = valid ? detail::scale_of(q, r, c0) : 0.0f;
+    }
+  }
+}
+
+// MR rows (at most 6) of activations times one panel: for each chunk, int32 sums of 4-input byte
+// products in registers (12 of the 16), then one FMA each into the fp32 sums.
+template <int MR>
+inline void panel_tile(const Activations& a, std::int64_t r0, const Panel& p, std::int64_t nvalid, float* y,
+                       std::int64_t ldy, bool accumulate) {
+  alignas(32) float f[MR][kPanel];
+  for (int i = 0; i < MR; ++i)
+    for (std::int64_t j = 0; j < kPanel; ++j) f[i][j] = 0.0f;
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const std::uint8_t* codes = a.codes + r0 * a.k;
+  const float* ascale = a.scales + r0 * a.chunks.count;
+  for (std::int64_t ch = 0; ch < a.chunks.count; ++ch) {
+    const std::int64_t q0 = ch * a.chunks.length / 4, q1 = std::min(a.k, (ch + 1) * a.chunks.length) / 4;
+    const __m256i off0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.offset + ch * kPanel));
+    const __m256i off1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.offset + ch * kPanel + 8));
+    __m256i s0[MR], s1[MR];
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      s0[i] = off0;
+      s1[i] = off1;
+    }
+    const std::int8_t* wq = p.values + q0 * kPanel * 4;
+    for (std::int64_t qd = q0; qd < q1; ++qd, wq += kPanel * 4) {
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32));
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        std::int32_t quad;
+        std::memcpy(&quad, codes + i * a.k + 4 * qd, 4);
+        const __m256i x = _mm256_set1_epi32(quad);
+        s0[i] = _mm256_add_epi32(s0[i], _mm256_madd_epi16(_mm256_maddubs_epi16(x, w0), ones16));
+        s1[i] = _mm256_add_epi32(s1[i], _mm256_madd_epi16(_mm256_maddubs_epi16(x, w1), ones16));
+      }
+    }
+    const __m256 ws0 = _mm256_loadu_ps(p.scale + ch * kPanel), ws1 = _mm256_loadu_ps(p.scale + ch * kPanel + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m256 as = _mm256_set1_ps(ascale[i * a.chunks.count + ch]);
+      _mm256_store_ps(f[i], _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0[i]), _mm256_mul_ps(ws0, as), _mm256_load_ps(f[i])));
+      _mm256_store_ps(f[i] + 8,
+                      _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[i]), _mm256_mul_ps(ws1, as), _mm256_load_ps(f[i] + 8)));
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    float* out = y + (r0 + i) * ldy;
+    for (std::int64_t j = 0; j < nvalid; ++j) out[j] = accumulate ? out[j] + f[i][j] : f[i][j];
+  }
+}
+
+inline void panel_product(const Activations& a, const Panel& p, std::int64_t nvalid, float* y, std::int64_t ldy,
+                          bool accumulate) {
+  std::int64_t r = 0;
+  for (; r + 6 <= a.m; r += 6) panel_tile<6>(a, r, p, nvalid, y, ldy, accumulate);
+  switch (a.m - r) {
+    case 1: return panel_tile<1>(a, r, p, nvalid, y, ldy, accumulate);
+    case 2: return panel_tile<2>(a, r, p, nvalid, y, ldy, accumulate);
+    case 3: return panel_tile<3>(a, r, p, nvalid, y, ldy, accumulate);
+    case 4: return panel_tile<4>(a, r, p, nvalid, y, ldy, accumulate);
+    case 5: return panel_tile<5>(a, r, p, nvalid, y, ldy, accumulate);
+    default: return;
+  }
+}
+
+DG_END_TARGET
+
+}  // namespace avx2
+
+#endif  // DG_X86_KERNELS
+
+// Per-thread buffers of one panel for a k-column matrix cut into `chunks`.
+inline Panel panel_scratch(std::int64_t k, const Chunks& chunks) {
+  Panel p;
+  p.values = kernels::scratch<std::int8_t, 10>(panel_value_bytes(k));
+  p.offset = kernels::scratch<std::int32_t, 11>(static_cast<std::size_t>(chunks.count * kPanel));
+  p.scale = kernels::scratch<float, 12>(static_cast<std::size_t>(chunks.count * kPanel));
+  return p;
+}
+
+// y[:, n0:n1) (+)= a times rows [n0, n1) of q, panel by panel (n0 a multiple of 16). `vector`: the
+// AVX2 forms (the caller has checked the CPU), else the scalar reference.
+inline void product_columns(const QuantizedMatrix& q, const Activations& a, std::int64_t n0, std::int64_t n1, float* y,
+                            std::int64_t ldy, bool accumulate, bool vector) {
+  const Panel p = panel_scratch(q.cols, a.chunks);
+  for (std::int64_t c = n0; c < n1; c += kPanel) {
+    const std::int64_t nvalid = std::min(kPanel, n1 - c);
+#if DG_X86_KERNELS
+    if (vector) {
+      avx2::unpack_panel(q, c, a.chunks, p);
+      avx2::panel_product(a, p, nvalid, y + c, ldy, accumulate);
+      continue;
+    }
+#endif
+    unpack_panel_scalar(q, c, a.chunks, p);
+    panel_product_scalar(a, p, nvalid, y + c, ldy, accumulate);
+  }
+}
+
+}  // namespace diffusion_gemma::cpu::kernels::int8
