@@ -714,6 +714,80 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
   }
   CHECK(first_finite);
   CHECK(second_nan);
+  // GPTQ (qweight [k / 8, n], scales [groups, n], qzeros [groups, n / 8]) with its groups in order,
+  // v1 and v2 zero points, full and partial panels: the same three promises.
+  for (int zero_offset : {0, 1}) {
+    for (std::int64_t rows : {std::int64_t{48}, std::int64_t{37}}) {
+      const std::int64_t cols = 128, group = 32, groups = cols / group;
+      std::vector<std::uint32_t> qweight(static_cast<std::size_t>(cols / 8 * rows));
+      std::vector<std::uint32_t> qzeros(static_cast<std::size_t>(groups * ((rows * 4 + 31) / 32)));
+      std::vector<std::uint16_t> scales(static_cast<std::size_t>(groups * rows));
+      std::uniform_int_distribution<std::uint32_t> word;
+      std::uniform_real_distribution<float> scale(1e-3f, 0.1f);
+      for (auto& v : qweight) v = word(gen);
+      for (auto& v : qzeros) v = word(gen) & (zero_offset ? 0xEEEEEEEEu : 0xFFFFFFFFu);  // v1: zero - 1 <= 14
+      for (auto& v : scales) v = float16::from_float(scale(gen)).bits;
+      QuantizedMatrix q;
+      q.format = QuantFormat::kGptq;
+      q.bits = 4;
+      q.rows = rows;
+      q.cols = cols;
+      q.group_size = group;
+      q.zero_offset = zero_offset;
+      q.values.data = reinterpret_cast<const std::byte*>(qweight.data());
+      q.values.dtype = DType::kI32;
+      q.values.shape = Shape{cols / 8, rows};
+      q.values.nbytes = qweight.size() * 4;
+      q.scale.data = reinterpret_cast<const std::byte*>(scales.data());
+      q.scale.dtype = DType::kF16;
+      q.scale.shape = Shape{groups, rows};
+      q.scale.nbytes = scales.size() * 2;
+      q.zero_point.data = reinterpret_cast<const std::byte*>(qzeros.data());
+      q.zero_point.dtype = DType::kI32;
+      q.zero_point.shape = Shape{groups, (rows * 4 + 31) / 32};
+      q.zero_point.nbytes = qzeros.size() * 4;
+      INFO("GPTQ rows " << rows << " zero offset " << zero_offset);
+      REQUIRE(i8::supported(q));
+      const std::int64_t M = 7;
+      std::vector<float> gx = random_floats(static_cast<std::size_t>(M * cols), gen);
+      const i8::Chunks chunks = i8::chunks_of(q);
+      std::vector<std::uint8_t> codes(static_cast<std::size_t>(M * cols));
+      std::vector<float> scales_a(static_cast<std::size_t>(M * chunks.count));
+      i8::quantize_activations_scalar(gx.data(), cols, M, cols, chunks, codes.data(), scales_a.data());
+      i8::Activations a;
+      a.codes = codes.data();
+      a.scales = scales_a.data();
+      a.m = M;
+      a.k = cols;
+      a.chunks = chunks;
+      std::vector<float> want(static_cast<std::size_t>(M * rows)), got(want.size()), ref(want.size());
+      i8::product_columns(q, a, 0, rows, want.data(), rows, false, /*vector=*/false);
+      cpu::linear(ctx, Weight::quantized(q), gx.data(), cols, M, got.data(), rows);
+      CHECK(got == want);
+      cpu::KernelContext exact;
+      exact.isa = cpu::Isa::kAvx2;
+      exact.precision = cpu::Precision::kExact;
+      cpu::linear(exact, Weight::quantized(q), gx.data(), cols, M, ref.data(), rows);
+      std::vector<std::byte> deq(static_cast<std::size_t>(rows * cols) * 2);
+      cpu::kernels::dequantize_rows(q, 0, rows, deq.data());
+      double worst = 0.0;
+      for (std::int64_t r = 0; r < M; ++r) {
+        for (std::int64_t n = 0; n < rows; ++n) {
+          double bound = 1e-30;
+          for (std::int64_t c = 0; c < cols; ++c) {
+            const double wv = cpu::kernels::MatrixB::element(deq.data(), DType::kF16, n * cols + c);
+            bound += std::abs(wv) * (0.5 * scales_a[static_cast<std::size_t>(r * chunks.count + c / group)] +
+                                     std::abs(gx[static_cast<std::size_t>(r * cols + c)]) * (1.0 / 1024 + 1e-5));
+          }
+          worst = std::max(worst, std::abs(static_cast<double>(want[r * rows + n]) - ref[r * rows + n]) / bound);
+        }
+      }
+      CHECK(worst <= 1.0);
+      // Activation order (groups not in input order) keeps the exact path.
+      q.groups_in_order = false;
+      CHECK_FALSE(i8::supported(q));
+    }
+  }
   // Layouts without this kernel keep the exact path.
   CHECK_FALSE(i8::supported(RandomQuantized(QuantFormat::kPacked, 8, 4, 64, 32, DType::kBF16, false, gen).q));
   CHECK_FALSE(i8::supported(RandomQuantized(QuantFormat::kPacked, 4, 4, 64, 16, DType::kBF16, false, gen).q));

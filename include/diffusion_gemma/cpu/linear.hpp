@@ -73,8 +73,8 @@ struct KernelContext {
 
   // Whether weight products run on AMX tiles in bf16.
   bool bf16_tiles() const { return precision == Precision::kFast && isa == Isa::kAmx; }
-  // Whether a quantized weight's products take 8-bit integer activations (AVX2 only: measured
-  // faster than fp32 there; AVX-512 and AMX machines keep their own paths).
+  // Whether a quantized weight's products take 8-bit integer activations: 4-bit weights on AVX2
+  // only (measured faster than fp32 there; AVX-512 and AMX machines keep their own paths).
   bool int8_products(const QuantizedMatrix& q) const {
     return precision == Precision::kFast && isa == Isa::kAvx2 && kernels::int8::supported(q);
   }

@@ -258,6 +258,7 @@ class MatrixBinder {
         for (std::int64_t i = 0; i < in; ++i) {
           std::int32_t g = 0;
           std::memcpy(&g, q.g_idx.data + 4 * i, 4);
+          if (g != i / q.group_size) q.groups_in_order = false;
           if (g < 0 || g >= groups) {
             b_.problem(module + ".g_idx: entry " + std::to_string(i) + " is " + std::to_string(g) + ", outside [0, " +
                        std::to_string(groups) + ")");

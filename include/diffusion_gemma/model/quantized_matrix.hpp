@@ -32,6 +32,9 @@ struct QuantizedMatrix {
   RawTensor zero_point;  // empty when symmetric; packed: [ceil(out*bits/32), groups]; GPTQ qzeros
   RawTensor g_idx;       // GPTQ: the group of each input column
   int zero_offset = 0;   // GPTQ v1 stores zero - 1: the stored value plus this is the zero point
+  // GPTQ: g_idx is absent or puts input c in group c / group_size (no activation order), so groups
+  // are runs of consecutive inputs as in the other formats.
+  bool groups_in_order = true;
   std::string scheme;    // in words, e.g. "int4 group 32 asymmetric (pack-quantized)"
   std::string module;    // the checkpoint's module name, e.g. "model.decoder.layers.0.mlp.down_proj"
 

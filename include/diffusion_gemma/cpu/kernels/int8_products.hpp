@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Products of 4-bit integer weights (compressed-tensors pack-quantized, symmetric or asymmetric)
-// with activations rounded to 8-bit integers: the fast precision on AVX2 CPUs without AMX
+// Products of 4-bit integer weights (compressed-tensors pack-quantized, and GPTQ without
+// activation order; symmetric or asymmetric) with activations rounded to 8-bit integers: the fast precision on AVX2 CPUs without AMX
 // (docs/quantization.md, "The fast precision on AVX2").
 //
 // Why integers: at a 256-token canvas every expert serves tens of rows at once, so these products
@@ -41,11 +41,12 @@ inline constexpr std::int64_t kChannelChunk = 128;
 // Output columns per weight panel (two AVX2 registers of 8 int32 sums).
 inline constexpr std::int64_t kPanel = 16;
 
-// Whether a quantized matrix has this kernel: 4-bit pack-quantized, k a multiple of 4 (the kernel
-// reads 4 inputs per byte lane group), groups a multiple of 32 (one register of codes per step).
+// Whether a quantized matrix has this kernel: 4-bit pack-quantized or GPTQ with its groups in
+// input order, k a multiple of 4 (the kernel reads 4 inputs per byte lane group), groups a
+// multiple of 32 (one register of codes per step).
 inline bool supported(const QuantizedMatrix& q) {
-  return q.format == QuantFormat::kPacked && q.bits == 4 && q.cols > 0 && q.cols % 4 == 0 &&
-         (q.group_size <= 0 || q.group_size % 32 == 0);
+  const bool layout = q.format == QuantFormat::kPacked || (q.format == QuantFormat::kGptq && q.groups_in_order);
+  return layout && q.bits == 4 && q.cols > 0 && q.cols % 4 == 0 && (q.group_size <= 0 || q.group_size % 32 == 0);
 }
 
 // How k is cut: chunk ch covers columns [ch * length, min(k, (ch + 1) * length)).
@@ -81,16 +82,35 @@ inline std::size_t panel_value_bytes(std::int64_t k) { return static_cast<std::s
 
 namespace detail {
 
+// The weight scale of row r for the chunk starting at input c0 (GPTQ: scales [groups, rows]).
+template <DType S>
+inline float scale_typed(const QuantizedMatrix& q, std::int64_t r, std::int64_t c0) {
+  if (q.format == QuantFormat::kGptq) return kernels::detail::scale_at<S>(q.scale.data, (c0 / q.group_size) * q.rows + r);
+  return kernels::detail::ct_scale<S>(q, r, c0);
+}
 inline float scale_of(const QuantizedMatrix& q, std::int64_t r, std::int64_t c0) {
   switch (q.scale_dtype()) {
-    case DType::kBF16: return kernels::detail::ct_scale<DType::kBF16>(q, r, c0);
-    case DType::kF16: return kernels::detail::ct_scale<DType::kF16>(q, r, c0);
-    default: return kernels::detail::ct_scale<DType::kF32>(q, r, c0);
+    case DType::kBF16: return scale_typed<DType::kBF16>(q, r, c0);
+    case DType::kF16: return scale_typed<DType::kF16>(q, r, c0);
+    default: return scale_typed<DType::kF32>(q, r, c0);
   }
 }
 
+// The integer subtracted from row r's stored 4-bit values in chunk ch.
 inline int zero_of(const QuantizedMatrix& q, std::int64_t r, std::int64_t ch) {
+  if (q.format == QuantFormat::kGptq) {
+    const std::int64_t zero_words = (q.rows * q.bits + 31) / 32;
+    return static_cast<int>(quant::unpack_field(q.zero_point.data + ch * zero_words * 4, r, q.bits)) + q.zero_offset;
+  }
   return static_cast<int>(kernels::detail::packed_zero(q, r, q.group_size > 0 ? ch : 0, q.groups()));
+}
+
+// The stored 4-bit value of (row r, input c). GPTQ: qweight [inputs / 8, rows], 8 inputs a word.
+inline int value_at(const QuantizedMatrix& q, std::int64_t r, std::int64_t c) {
+  if (q.format == QuantFormat::kGptq) {
+    return static_cast<int>((quant::load_word(q.values.data, (c / 8) * q.rows + r) >> (4 * (c % 8))) & 0xFu);
+  }
+  return static_cast<int>(quant::unpack_field(q.values.data + r * ((q.cols * 4 + 31) / 32) * 4, c, 4));
 }
 
 // The packed 32-bit words of row r.
@@ -127,13 +147,12 @@ inline void unpack_panel_scalar(const QuantizedMatrix& q, std::int64_t n0, const
   for (std::int64_t j = 0; j < kPanel; ++j) {
     const std::int64_t r = n0 + j;
     const bool valid = r < q.rows;
-    const std::byte* row = valid ? detail::packed_row(q, r) : nullptr;
     for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
       const std::int64_t c0 = ch * chunks.length, c1 = std::min(k, c0 + chunks.length);
       const int zero = valid ? detail::zero_of(q, r, ch) : 0;
       std::int32_t sum = 0;
       for (std::int64_t c = c0; c < c1; ++c) {
-        const int w = valid ? static_cast<int>(quant::unpack_field(row, c, 4)) - zero : 0;
+        const int w = valid ? detail::value_at(q, r, c) - zero : 0;
         p.values[(c / 4) * kPanel * 4 + j * 4 + c % 4] = static_cast<std::int8_t>(w);
         sum += w;
       }
@@ -220,8 +239,9 @@ inline void quantize_activations(const float* x, std::int64_t ldx, std::int64_t 
   }
 }
 
-// Rows [n0, n0 + 16) of q as a Panel: the scalar form's values, 32 inputs per step.
-inline void unpack_panel(const QuantizedMatrix& q, std::int64_t n0, const Chunks& chunks, Panel p) {
+// Rows [n0, n0 + 16) of a pack-quantized q as a Panel: the scalar form's values, 32 inputs of a
+// row per step.
+inline void unpack_panel_packed(const QuantizedMatrix& q, std::int64_t n0, const Chunks& chunks, Panel p) {
   const std::int64_t k = q.cols;
   const __m128i nibble = _mm_set1_epi8(0x0F);
   const __m256i ones8 = _mm256_set1_epi8(1);
@@ -255,7 +275,7 @@ inline void unpack_panel(const QuantizedMatrix& q, std::int64_t n0, const Chunks
       std::int32_t sum = 0;
       for (std::int32_t l : lanes) sum += l;
       for (; c < c1; ++c) {
-        const int w = valid ? static_cast<int>(quant::unpack_field(row, c, 4)) - zero : 0;
+        const int w = valid ? detail::value_at(q, r, c) - zero : 0;
         p.values[(c / 4) * kPanel * 4 + j * 4 + c % 4] = static_cast<std::int8_t>(w);
         sum += w;
       }
@@ -263,6 +283,77 @@ inline void unpack_panel(const QuantizedMatrix& q, std::int64_t n0, const Chunks
       p.scale[ch * kPanel + j] = valid ? detail::scale_of(q, r, c0) : 0.0f;
     }
   }
+}
+
+// 8 GPTQ words (8 output rows, inputs c..c+7 each) as the panel's two quads of those rows: `first`
+// gets inputs c..c+3 of the 8 rows, `second` c+4..c+7, a row's 4 inputs in consecutive bytes.
+inline void gptq_quads(__m256i words, __m256i* first, __m256i* second) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i lo = _mm256_and_si256(words, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(words, 4), nibble);
+  // Per 128-bit lane (4 rows): each row's 8 inputs in order, rows 0-1 then rows 2-3.
+  const __m256i rows01 = _mm256_shuffle_epi32(_mm256_unpacklo_epi8(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
+  const __m256i rows23 = _mm256_shuffle_epi32(_mm256_unpackhi_epi8(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
+  *first = _mm256_unpacklo_epi64(rows01, rows23);
+  *second = _mm256_unpackhi_epi64(rows01, rows23);
+}
+
+// Rows [n0, n0 + 16) of a GPTQ q as a Panel. Its words hold 8 inputs of one row and lie row after
+// row, so 16 rows' 8 inputs are two loads; partial panels and tails take the scalar form.
+inline void unpack_panel_gptq(const QuantizedMatrix& q, std::int64_t n0, const Chunks& chunks, Panel p) {
+  const std::int64_t k = q.cols, n = q.rows;
+  const std::int64_t nvalid = std::min(kPanel, n - n0);
+  const __m256i ones8 = _mm256_set1_epi8(1);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
+    const std::int64_t c0 = ch * chunks.length, c1 = std::min(k, c0 + chunks.length);
+    alignas(32) std::int8_t zeros[kPanel * 4];
+    int zero[kPanel];
+    for (std::int64_t j = 0; j < kPanel; ++j) {
+      zero[j] = j < nvalid ? detail::zero_of(q, n0 + j, ch) : 0;
+      for (int b = 0; b < 4; ++b) zeros[j * 4 + b] = static_cast<std::int8_t>(zero[j]);
+      p.scale[ch * kPanel + j] = j < nvalid ? detail::scale_of(q, n0 + j, c0) : 0.0f;
+    }
+    const __m256i z0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(zeros));
+    const __m256i z1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(zeros + 32));
+    __m256i sum0 = _mm256_setzero_si256(), sum1 = _mm256_setzero_si256();
+    std::int64_t c = c0;
+    if (nvalid == kPanel) {
+      for (; c + 8 <= c1; c += 8) {
+        const std::byte* src = q.values.data + ((c / 8) * n + n0) * 4;
+        __m256i a0, a1, b0, b1;
+        gptq_quads(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)), &a0, &a1);
+        gptq_quads(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32)), &b0, &b1);
+        a0 = _mm256_sub_epi8(a0, z0);
+        a1 = _mm256_sub_epi8(a1, z0);
+        b0 = _mm256_sub_epi8(b0, z1);
+        b1 = _mm256_sub_epi8(b1, z1);
+        std::int8_t* dst = p.values + (c / 4) * kPanel * 4;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), a0);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32), b0);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 64), a1);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 96), b1);
+        sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_add_epi8(a0, a1)), ones16));
+        sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_add_epi8(b0, b1)), ones16));
+      }
+    }
+    alignas(32) std::int32_t sums[kPanel];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums), sum0);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums + 8), sum1);
+    for (std::int64_t j = 0; j < kPanel; ++j) {
+      std::int32_t sum = sums[j];
+      for (std::int64_t t = c; t < c1; ++t) {
+        const int w = j < nvalid ? detail::value_at(q, n0 + j, t) - zero[j] : 0;
+        p.values[(t / 4) * kPanel * 4 + j * 4 + t % 4] = static_cast<std::int8_t>(w);
+        sum += w;
+      }
+      p.offset[ch * kPanel + j] = -128 * sum;
+    }
+  }
+}
+
+inline void unpack_panel(const QuantizedMatrix& q, std::int64_t n0, const Chunks& chunks, Panel p) {
+  if (q.format == QuantFormat::kGptq) return unpack_panel_gptq(q, n0, chunks, p);
+  unpack_panel_packed(q, n0, chunks, p);
 }
 
 // MR rows (at most 6) of activations times one panel: for each chunk, int32 sums of 4-input byte
