@@ -608,6 +608,54 @@ TEST_CASE("vector dequantisation equals the scalar form bit for bit; quantized p
   }
 }
 
+namespace {
+
+// The scalar reference of the int8 products for x [m, k] (rows ldx apart) and a 4-bit q, with the
+// activation scales it rounded to.
+struct Int8Reference {
+  cpu::kernels::int8::Chunks chunks;
+  std::vector<std::uint8_t> codes;
+  std::vector<float> scales;
+  Int8Reference(const QuantizedMatrix& q, const float* x, std::int64_t ldx, std::int64_t m, float* y, std::int64_t ldy,
+                bool accumulate) {
+    namespace i8 = cpu::kernels::int8;
+    chunks = i8::chunks_of(q);
+    codes.resize(static_cast<std::size_t>(m * q.cols));
+    scales.resize(static_cast<std::size_t>(m * chunks.count));
+    i8::quantize_activations_scalar(x, ldx, m, q.cols, chunks, codes.data(), scales.data());
+    i8::Activations a;
+    a.codes = codes.data();
+    a.scales = scales.data();
+    a.m = m;
+    a.k = q.cols;
+    a.chunks = chunks;
+    i8::product_columns(q, a, 0, q.rows, y, ldy, accumulate, /*vector=*/false);
+  }
+};
+
+// Largest |fast - exact| over the bound the roundings allow, for each output: the weights times
+// half an activation step of their chunk, plus the exact path's rounding of the dequantised weight
+// (`weight_rounding`, relative) and of fp32 sums. `deq`: q dequantised into `st`, [n, k].
+double worst_over_bound(const Int8Reference& r8, const std::vector<std::byte>& deq, DType st, const float* x,
+                        std::int64_t ldx, std::int64_t m, std::int64_t n, std::int64_t k, const float* fast,
+                        const float* exact, std::int64_t ldy, double weight_rounding) {
+  double worst = 0.0;
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      double bound = 1e-30;
+      for (std::int64_t c = 0; c < k; ++c) {
+        const double wv = cpu::kernels::MatrixB::element(deq.data(), st, j * k + c);
+        const double half_step = 0.5 * r8.scales[static_cast<std::size_t>(r * r8.chunks.count + c / r8.chunks.length)];
+        bound += std::abs(wv) * (half_step + std::abs(x[r * ldx + c]) * (weight_rounding + 1e-5));
+      }
+      worst = std::max(worst, std::abs(static_cast<double>(fast[r * ldy + j]) - exact[r * ldy + j]) / bound);
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
 // The fast precision on AVX2: 4-bit weights times activations rounded to 8-bit integers
 // (cpu/kernels/int8_products.hpp). The AVX2 kernel must give the scalar reference's bits, at any
 // thread count and for a row alone; against the exact product it may differ only by the rounding of
@@ -635,20 +683,9 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
             const std::int64_t ldx = cols + 3, ldy = rows + 5;
             std::vector<float> x = random_floats(static_cast<std::size_t>(M * ldx), gen);
             x[static_cast<std::size_t>(ldx - 4)] *= 40.0f;  // an outlier coarsens only its own chunk
-            // The scalar reference.
-            const i8::Chunks chunks = i8::chunks_of(m.q);
-            std::vector<std::uint8_t> codes(static_cast<std::size_t>(M * cols));
-            std::vector<float> scales(static_cast<std::size_t>(M * chunks.count));
-            i8::quantize_activations_scalar(x.data(), ldx, M, cols, chunks, codes.data(), scales.data());
-            i8::Activations a;
-            a.codes = codes.data();
-            a.scales = scales.data();
-            a.m = M;
-            a.k = cols;
-            a.chunks = chunks;
             std::vector<float> want = random_floats(static_cast<std::size_t>(M * ldy), gen);
-            std::vector<float> accumulated = want;
-            i8::product_columns(m.q, a, 0, rows, want.data(), ldy, false, /*vector=*/false);
+            const std::vector<float> accumulated = want;
+            const Int8Reference reference(m.q, x.data(), ldx, M, want.data(), ldy, false);
             // The AVX2 path through linear(), on one and two threads, overwriting and accumulating.
             cpu::KernelContext ctx;
             ctx.isa = cpu::Isa::kAvx2;
@@ -680,19 +717,9 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
             exact.precision = cpu::Precision::kExact;
             std::vector<float> ref(want.size());
             cpu::linear(exact, w, x.data(), ldx, M, ref.data(), ldy);
-            double worst = 0.0;
-            for (std::int64_t r = 0; r < M; ++r) {
-              for (std::int64_t n = 0; n < rows; ++n) {
-                double bound = 1e-30;
-                for (std::int64_t c = 0; c < cols; ++c) {
-                  const double wv = cpu::kernels::MatrixB::element(deq.data(), st, n * cols + c);
-                  const double half_step = 0.5 * scales[static_cast<std::size_t>(r * chunks.count + c / chunks.length)];
-                  bound += std::abs(wv) * (half_step + std::abs(x[r * ldx + c]) * (1.0 / 256 + 1e-5));
-                }
-                worst = std::max(worst, std::abs(static_cast<double>(want[r * ldy + n]) - ref[r * ldy + n]) / bound);
-              }
-            }
-            CHECK(worst <= 1.0);
+            const double weight_rounding = st == DType::kBF16 ? 1.0 / 256 : 0.0;
+            CHECK(worst_over_bound(reference, deq, st, x.data(), ldx, M, rows, cols, want.data(), ref.data(), ldy,
+                                   weight_rounding) <= 1.0);
           }
         }
       }
@@ -750,18 +777,8 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
       REQUIRE(i8::supported(q));
       const std::int64_t M = 7;
       std::vector<float> gx = random_floats(static_cast<std::size_t>(M * cols), gen);
-      const i8::Chunks chunks = i8::chunks_of(q);
-      std::vector<std::uint8_t> codes(static_cast<std::size_t>(M * cols));
-      std::vector<float> scales_a(static_cast<std::size_t>(M * chunks.count));
-      i8::quantize_activations_scalar(gx.data(), cols, M, cols, chunks, codes.data(), scales_a.data());
-      i8::Activations a;
-      a.codes = codes.data();
-      a.scales = scales_a.data();
-      a.m = M;
-      a.k = cols;
-      a.chunks = chunks;
       std::vector<float> want(static_cast<std::size_t>(M * rows)), got(want.size()), ref(want.size());
-      i8::product_columns(q, a, 0, rows, want.data(), rows, false, /*vector=*/false);
+      const Int8Reference reference(q, gx.data(), cols, M, want.data(), rows, false);
       cpu::linear(ctx, Weight::quantized(q), gx.data(), cols, M, got.data(), rows);
       CHECK(got == want);
       cpu::KernelContext exact;
@@ -770,19 +787,8 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
       cpu::linear(exact, Weight::quantized(q), gx.data(), cols, M, ref.data(), rows);
       std::vector<std::byte> deq(static_cast<std::size_t>(rows * cols) * 2);
       cpu::kernels::dequantize_rows(q, 0, rows, deq.data());
-      double worst = 0.0;
-      for (std::int64_t r = 0; r < M; ++r) {
-        for (std::int64_t n = 0; n < rows; ++n) {
-          double bound = 1e-30;
-          for (std::int64_t c = 0; c < cols; ++c) {
-            const double wv = cpu::kernels::MatrixB::element(deq.data(), DType::kF16, n * cols + c);
-            bound += std::abs(wv) * (0.5 * scales_a[static_cast<std::size_t>(r * chunks.count + c / group)] +
-                                     std::abs(gx[static_cast<std::size_t>(r * cols + c)]) * (1.0 / 1024 + 1e-5));
-          }
-          worst = std::max(worst, std::abs(static_cast<double>(want[r * rows + n]) - ref[r * rows + n]) / bound);
-        }
-      }
-      CHECK(worst <= 1.0);
+      CHECK(worst_over_bound(reference, deq, DType::kF16, gx.data(), cols, M, rows, cols, got.data(), ref.data(), rows,
+                             1.0 / 1024) <= 1.0);
       // Activation order (groups not in input order) keeps the exact path.
       q.groups_in_order = false;
       CHECK_FALSE(i8::supported(q));

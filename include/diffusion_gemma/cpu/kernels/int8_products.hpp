@@ -113,6 +113,28 @@ inline int value_at(const QuantizedMatrix& q, std::int64_t r, std::int64_t c) {
   return static_cast<int>(quant::unpack_field(q.values.data + r * ((q.cols * 4 + 31) / 32) * 4, c, 4));
 }
 
+// Inputs [c, c1) of row r, as panel column j, into the panel's values: q - zero, or 0 past the
+// matrix's last row. Returns their sum. The scalar form, and the tails of the vector forms.
+inline std::int32_t unpack_inputs(const QuantizedMatrix& q, std::int64_t r, std::int64_t j, int zero, std::int64_t c,
+                                  std::int64_t c1, std::int8_t* values) {
+  std::int32_t sum = 0;
+  for (; c < c1; ++c) {
+    const int w = r < q.rows ? value_at(q, r, c) - zero : 0;
+    values[(c / 4) * kPanel * 4 + j * 4 + c % 4] = static_cast<std::int8_t>(w);
+    sum += w;
+  }
+  return sum;
+}
+
+// max(absmax, |row[c]| for c in [c, c1)), or NaN when one of them (or `nan` already) is NaN.
+inline float fold_absmax(const float* row, std::int64_t c, std::int64_t c1, float absmax, bool nan) {
+  for (; c < c1; ++c) {
+    nan |= std::isnan(row[c]);
+    absmax = std::max(absmax, std::fabs(row[c]));
+  }
+  return nan ? std::nanf("") : absmax;
+}
+
 // The packed 32-bit words of row r.
 inline const std::byte* packed_row(const QuantizedMatrix& q, std::int64_t r) {
   return q.values.data + r * ((q.cols * q.bits + 31) / 32) * 4;
@@ -127,13 +149,7 @@ inline void quantize_activations_scalar(const float* x, std::int64_t ldx, std::i
     const float* row = x + r * ldx;
     for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
       const std::int64_t c0 = ch * chunks.length, c1 = std::min(k, c0 + chunks.length);
-      float absmax = 0.0f;
-      bool nan = false;
-      for (std::int64_t c = c0; c < c1; ++c) {
-        nan |= std::isnan(row[c]);
-        absmax = std::max(absmax, std::fabs(row[c]));
-      }
-      if (nan) absmax = std::nanf("");
+      const float absmax = detail::fold_absmax(row, c0, c1, 0.0f, false);
       const float inv = quant::activation_inverse_scale(absmax);
       scales[r * chunks.count + ch] = quant::activation_scale(absmax);
       for (std::int64_t c = c0; c < c1; ++c) codes[r * k + c] = quant::activation_code(row[c], inv);
@@ -150,13 +166,7 @@ inline void unpack_panel_scalar(const QuantizedMatrix& q, std::int64_t n0, const
     for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
       const std::int64_t c0 = ch * chunks.length, c1 = std::min(k, c0 + chunks.length);
       const int zero = valid ? detail::zero_of(q, r, ch) : 0;
-      std::int32_t sum = 0;
-      for (std::int64_t c = c0; c < c1; ++c) {
-        const int w = valid ? detail::value_at(q, r, c) - zero : 0;
-        p.values[(c / 4) * kPanel * 4 + j * 4 + c % 4] = static_cast<std::int8_t>(w);
-        sum += w;
-      }
-      p.offset[ch * kPanel + j] = -128 * sum;
+      p.offset[ch * kPanel + j] = -128 * detail::unpack_inputs(q, r, j, zero, c0, c1, p.values);
       p.scale[ch * kPanel + j] = valid ? detail::scale_of(q, r, c0) : 0.0f;
     }
   }
@@ -205,12 +215,7 @@ inline float quantize_chunk(const float* row, std::int64_t c0, std::int64_t c1, 
   _mm256_store_ps(lanes, vmax);
   float absmax = 0.0f;
   for (float l : lanes) absmax = std::max(absmax, l);
-  bool nan = _mm256_movemask_ps(vnan) != 0;
-  for (; c < c1; ++c) {
-    nan |= std::isnan(row[c]);
-    absmax = std::max(absmax, std::fabs(row[c]));
-  }
-  if (nan) absmax = std::nanf("");
+  absmax = detail::fold_absmax(row, c, c1, absmax, _mm256_movemask_ps(vnan) != 0);
   const float inv = quant::activation_inverse_scale(absmax);
   const __m256 vinv = _mm256_set1_ps(inv);
   const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127), bias = _mm256_set1_epi32(128);
@@ -274,11 +279,7 @@ inline void unpack_panel_packed(const QuantizedMatrix& q, std::int64_t n0, const
       _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vsum);
       std::int32_t sum = 0;
       for (std::int32_t l : lanes) sum += l;
-      for (; c < c1; ++c) {
-        const int w = valid ? detail::value_at(q, r, c) - zero : 0;
-        p.values[(c / 4) * kPanel * 4 + j * 4 + c % 4] = static_cast<std::int8_t>(w);
-        sum += w;
-      }
+      sum += detail::unpack_inputs(q, r, j, zero, c, c1, p.values);
       p.offset[ch * kPanel + j] = -128 * sum;
       p.scale[ch * kPanel + j] = valid ? detail::scale_of(q, r, c0) : 0.0f;
     }
@@ -340,13 +341,7 @@ inline void unpack_panel_gptq(const QuantizedMatrix& q, std::int64_t n0, const C
     _mm256_store_si256(reinterpret_cast<__m256i*>(sums), sum0);
     _mm256_store_si256(reinterpret_cast<__m256i*>(sums + 8), sum1);
     for (std::int64_t j = 0; j < kPanel; ++j) {
-      std::int32_t sum = sums[j];
-      for (std::int64_t t = c; t < c1; ++t) {
-        const int w = j < nvalid ? detail::value_at(q, n0 + j, t) - zero[j] : 0;
-        p.values[(t / 4) * kPanel * 4 + j * 4 + t % 4] = static_cast<std::int8_t>(w);
-        sum += w;
-      }
-      p.offset[ch * kPanel + j] = -128 * sum;
+      p.offset[ch * kPanel + j] = -128 * (sums[j] + detail::unpack_inputs(q, n0 + j, j, zero[j], c, c1, p.values));
     }
   }
 }
