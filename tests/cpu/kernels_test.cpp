@@ -8,6 +8,7 @@
 //     as pair tiles the bits of the row-major AVX2 kernel, and both packings lay out BF16 alike;
 //   - attention's tile products (scores, probabilities x values) against fp64 sums of bf16 inputs;
 //   - the vector exp / tanh / GELU against core/math.hpp's scalar definitions, bit for bit.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -317,6 +318,39 @@ TEST_CASE("BF16 matrices packed as pair tiles give the exact AVX2 bits of the ro
     cpu::detail::pack_matrix_tiles(kept, false, cpu::TilePacking::kBf16Only);
     INFO(dtype_label(dtype));
     CHECK(kept.tiles == nullptr);
+  }
+}
+
+TEST_CASE("the weight prefetcher requests every line of a block once, spread over the steps", "[cpu][kernels]") {
+  // Runs of 40 bytes, 100 apart, from an address 24 bytes into a line: runs cross line boundaries.
+  alignas(64) static std::byte memory[4096];
+  struct Case {
+    std::size_t offset, bytes, stride;
+    std::int64_t runs, steps;
+  };
+  const Case cases[] = {{24, 40, 100, 9, 4}, {0, 1024, 0, 1, 3}, {63, 2, 64, 5, 100}, {0, 64, 128, 16, 1}, {8, 8, 8, 0, 3}};
+  for (const Case& c : cases) {
+    INFO("offset " << c.offset << " bytes " << c.bytes << " stride " << c.stride << " runs " << c.runs << " steps "
+                   << c.steps);
+    const std::byte* base = memory + c.offset;
+    std::vector<std::uintptr_t> want;  // every line a byte of the block lies on, run by run
+    for (std::int64_t r = 0; r < c.runs; ++r) {
+      const auto first = reinterpret_cast<std::uintptr_t>(base + r * c.stride) / 64;
+      const auto last = (reinterpret_cast<std::uintptr_t>(base + r * c.stride) + c.bytes - 1) / 64;
+      for (auto line = first; line <= last; ++line) want.push_back(line * 64);
+    }
+    cpu::kernels::PanelPrefetcher prefetch;
+    prefetch.start(cpu::kernels::PanelSource{base, c.runs, c.bytes, c.stride}, c.steps);
+    std::vector<std::uintptr_t> got;
+    std::int64_t busiest = 0;
+    for (std::int64_t s = 0; s < c.steps + 2; ++s) {  // steps past the last request nothing
+      const std::size_t before = got.size();
+      prefetch.step([&](const void* line) { got.push_back(reinterpret_cast<std::uintptr_t>(line)); });
+      busiest = std::max<std::int64_t>(busiest, static_cast<std::int64_t>(got.size() - before));
+      if (s == c.steps - 1) CHECK(got.size() == want.size());  // all requested within the steps
+    }
+    CHECK(got == want);
+    CHECK(busiest == (static_cast<std::int64_t>(want.size()) + c.steps - 1) / c.steps);
   }
 }
 

@@ -97,6 +97,70 @@ inline std::size_t pair_panel_offset(std::int64_t n0, std::int64_t k) {
   return static_cast<std::size_t>(n0 / kPairPanelWidth) * pair_panel_elements(k);
 }
 
+// Where the weights of one block of a product come from: `runs` runs of `bytes` bytes, `stride`
+// bytes apart (a panel's rows in a row-major weight, or one run for a packed panel).
+struct PanelSource {
+  const std::byte* base = nullptr;
+  std::int64_t runs = 0;
+  std::size_t bytes = 0;
+  std::size_t stride = 0;
+};
+
+// Requests a PanelSource's cache lines into L2 a few per step, spread over the steps of the work
+// that comes before their use. The product kernels are bound by arithmetic while their weights
+// stream from memory: a block requested while the one before it is computed is there in time.
+class PanelPrefetcher {
+ public:
+  void start(const PanelSource& s, std::int64_t steps) {
+    src_ = s;
+    run_ = 0;
+    std::int64_t lines = 0;
+    if (s.bytes > 0) {
+      if (s.stride % 64 == 0) {  // every run starts at the same place in its line
+        lines = s.runs * lines_of(0);
+      } else {
+        for (std::int64_t r = 0; r < s.runs; ++r) lines += lines_of(r);
+      }
+    }
+    if (lines == 0) src_.runs = 0;
+    per_step_ = steps > 0 ? (lines + steps - 1) / steps : lines;
+    enter_run();
+  }
+  void step() {
+    step([](const void* line) { __builtin_prefetch(line, 0, 2); });
+  }
+  // The same walk with `request(line)` called for each line (a test sees what would be requested).
+  template <class Request>
+  void step(Request&& request) {
+    for (std::int64_t i = 0; i < per_step_ && run_ < src_.runs; ++i) {
+      request(reinterpret_cast<const void*>(next_));
+      next_ += 64;
+      if (next_ > last_) {
+        ++run_;
+        enter_run();
+      }
+    }
+  }
+
+ private:
+  std::uintptr_t first_line(std::int64_t r) const {
+    return reinterpret_cast<std::uintptr_t>(src_.base + static_cast<std::size_t>(r) * src_.stride) & ~std::uintptr_t{63};
+  }
+  std::uintptr_t last_line(std::int64_t r) const {
+    const auto begin = reinterpret_cast<std::uintptr_t>(src_.base + static_cast<std::size_t>(r) * src_.stride);
+    return (begin + src_.bytes - 1) & ~std::uintptr_t{63};
+  }
+  std::int64_t lines_of(std::int64_t r) const { return static_cast<std::int64_t>((last_line(r) - first_line(r)) / 64 + 1); }
+  void enter_run() {
+    if (run_ >= src_.runs) return;
+    next_ = first_line(run_);
+    last_ = last_line(run_);
+  }
+  PanelSource src_;
+  std::int64_t run_ = 0, per_step_ = 0;
+  std::uintptr_t next_ = 0, last_ = 0;
+};
+
 // Per-thread scratch that grows and is kept (OpenMP threads live as long as the process).
 template <class T, int kSlot>
 T* scratch(std::size_t count) {
