@@ -390,17 +390,29 @@ inline void linear_transposed(const KernelContext& ctx, const Weight& w, const f
 // Experts: for a weight [groups, out, in], rows [begin[g], begin[g + 1]) of x go through group g.
 // One task per group (each group's weights are read once, by one thread); on the calling thread
 // alone when all groups together are too little work to share (the same bound as over_columns).
+// Tasks start largest first: threads take them in order as they come free, and a large group
+// taken last would keep one thread busy while the others wait. Which thread computes a group does
+// not change its bits.
 inline void grouped_linear(const KernelContext& ctx, const Weight& w, const float* x, std::int64_t ldx,
                            const std::int64_t* begin, float* y, std::int64_t ldy) {
-  const double work = static_cast<double>(begin[w.groups()] - begin[0]) * static_cast<double>(w.group(0).rows()) *
+  const std::int64_t groups = w.groups();
+  const double work = static_cast<double>(begin[groups] - begin[0]) * static_cast<double>(w.group(0).rows()) *
                       static_cast<double>(w.group(0).cols());
+  const int threads = work < detail::kMinSharedProduct ? 1 : ctx.threads;
+  std::vector<std::int64_t> order;
+  for (std::int64_t e = 0; e < groups; ++e)
+    if (begin[e + 1] > begin[e]) order.push_back(e);
+  if (resolve_threads(threads) > 1) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::int64_t a, std::int64_t b) { return begin[a + 1] - begin[a] > begin[b + 1] - begin[b]; });
+  }
   parallel_for(
-      w.groups(),
-      [&](std::int64_t e) {
-        const std::int64_t b = begin[e], rows = begin[e + 1] - b;
-        if (rows > 0) linear(ctx, w.group(e), x + b * ldx, ldx, rows, y + b * ldy, ldy, false, /*serial=*/true);
+      static_cast<std::int64_t>(order.size()),
+      [&](std::int64_t i) {
+        const std::int64_t e = order[static_cast<std::size_t>(i)], b = begin[e], rows = begin[e + 1] - b;
+        linear(ctx, w.group(e), x + b * ldx, ldx, rows, y + b * ldy, ldy, false, /*serial=*/true);
       },
-      work < detail::kMinSharedProduct ? 1 : ctx.threads);
+      threads);
 }
 
 namespace detail {
