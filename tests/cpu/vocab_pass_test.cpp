@@ -3,6 +3,7 @@
 // textbook formulas in double precision), and its sampler against the softmax distribution.
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include <diffusion_gemma/cpu/engine.hpp>
@@ -157,6 +158,49 @@ TEST_CASE("chunked Gumbel sampling follows the softmax distribution", "[cpu][voc
   // Far in the tail for dof up to ~300 (mean dof, sd sqrt(2 dof)); a biased sampler lands far above.
   CHECK(chi2 < dof + 6.0 * std::sqrt(2.0 * dof));
   CHECK(std::abs(rare_seen - rare_expected) < 6.0 * std::sqrt(rare_expected + 1.0));
+}
+
+TEST_CASE("the vocabulary pass gives the same bits at any thread count and for a row alone", "[cpu][vocab]") {
+  // V = 600 is one tile (one shard: its rows are cut between threads), V = 3000 three shards, and
+  // 9000 eight (the shards alone fill two or three threads). Random table and hidden states; every
+  // row samples and accumulates a soft embedding.
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal;
+  for (std::int64_t V : {std::int64_t{600}, std::int64_t{3000}, std::int64_t{9000}}) {
+    const std::int64_t H = 40, C = 100;
+    std::vector<float> E(static_cast<std::size_t>(V * H)), hidden(static_cast<std::size_t>(C * H));
+    for (float& v : E) v = 0.3f * normal(gen);
+    for (float& v : hidden) v = normal(gen);
+    const Weight table = f32_weight(E, V, H);
+    VocabPassArgs args;
+    args.temperature = 0.9f;
+    args.key = DrawKey{3, 1, 4};
+    const auto pass = [&](int threads, const float* rows, std::int64_t n) {
+      cpu::KernelContext ctx;
+      ctx.isa = cpu::default_isa();
+      ctx.threads = threads;
+      cpu::VocabPass vp;
+      VocabPassResult r;
+      vp.run(ctx, table, 30.0f, 1.5f, rows, n, args, r);
+      return r;
+    };
+    const VocabPassResult one = pass(1, hidden.data(), C);
+    for (int threads : {2, 3, 5}) {
+      INFO("V " << V << " threads " << threads);
+      const VocabPassResult many = pass(threads, hidden.data(), C);
+      CHECK(many.argmax == one.argmax);
+      CHECK(many.sample == one.sample);
+      CHECK(many.entropy == one.entropy);
+      CHECK(many.soft_embedding == one.soft_embedding);
+    }
+    // Row 0 alone: its draws are keyed by its position in its pass, 0 either way.
+    const VocabPassResult alone = pass(2, hidden.data(), 1);
+    INFO("V " << V << ": row 0 alone");
+    CHECK(alone.argmax[0] == one.argmax[0]);
+    CHECK(alone.sample[0] == one.sample[0]);
+    CHECK(alone.entropy[0] == one.entropy[0]);
+    CHECK(std::equal(alone.soft_embedding.begin(), alone.soft_embedding.end(), one.soft_embedding.begin()));
+  }
 }
 
 TEST_CASE("fast precision: the vocabulary pass on AMX tiles stays within its stated tolerance", "[cpu][vocab][bf16]") {

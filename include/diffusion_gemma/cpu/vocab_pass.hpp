@@ -51,6 +51,8 @@ class VocabPass {
  public:
   static constexpr std::int64_t kTile = 1024;  // a multiple of kSampleChunk and of the kernels' panels
   static constexpr int kShards = 8;
+  // Fewest rows in a block when a shard's rows are cut between threads (small vocabularies).
+  static constexpr std::int64_t kMinBlockRows = 32;
 
   // Bytes of working memory a pass over C positions of width H uses (all shards).
   static std::size_t workspace_bytes(std::int64_t C, std::int64_t H) {
@@ -80,30 +82,54 @@ class VocabPass {
     if (C == 0) return;
     const std::int64_t tiles = (V + kTile - 1) / kTile;
     const int shards = static_cast<int>(std::min<std::int64_t>(kShards, tiles));
+    // A small vocabulary has fewer shards than threads: then each shard's rows are cut into blocks
+    // and a task is a (shard, block). Rows never interact inside a shard, and with row_invariant
+    // every product gives a row the same bits whatever rows share its call, so the cut changes
+    // nothing but the time. (Not on AMX tiles: there the LM head's operand is packed once for all rows.)
+    std::int64_t blocks = 1;
+    const int threads = resolve_threads(ctx.threads);
+    hidden_.pack(ctx, hidden, H, C, H);
+    if (shards < threads && ctx.row_invariant && hidden_.pairs() == nullptr) {
+      blocks = std::max<std::int64_t>(1, std::min<std::int64_t>((threads + shards - 1) / shards, C / kMinBlockRows));
+    }
+    const std::int64_t block_rows = (C + blocks - 1) / blocks;
     shards_.resize(static_cast<std::size_t>(shards));
+    for (Shard& sh : shards_) {
+      sh.rows.resize(static_cast<std::size_t>(C));
+      sh.logits.resize(static_cast<std::size_t>(C * kTile));
+      if (any_soft) sh.acc.resize(static_cast<std::size_t>(C * H));
+    }
+    constexpr std::int64_t kChunks = kTile / kSampleChunk;
+    chunk_mass_.resize(static_cast<std::size_t>(shards * blocks * kChunks));
     KernelContext serial = ctx;
     serial.threads = 1;
-    // The LM head's activation operand is the same for every tile: prepare it once.
-    hidden_.pack(ctx, hidden, H, C, H);
     parallel_for(
-        shards,
-        [&](std::int64_t si) {
+        shards * blocks,
+        [&](std::int64_t task) {
+          const std::int64_t si = task % shards, r0 = (task / shards) * block_rows, r1 = std::min(C, r0 + block_rows);
+          if (r0 >= r1) return;
           Shard& sh = shards_[static_cast<std::size_t>(si)];
-          sh.rows.assign(static_cast<std::size_t>(C), Row{});
-          sh.logits.resize(static_cast<std::size_t>(C * kTile));
-          sh.chunk_mass.resize(static_cast<std::size_t>(kTile / kSampleChunk));
-          if (any_soft) sh.acc.assign(static_cast<std::size_t>(C * H), 0.0f);
+          float* chunk_mass = chunk_mass_.data() + task * kChunks;
+          std::fill(sh.rows.begin() + r0, sh.rows.begin() + r1, Row{});
+          if (any_soft) std::fill(sh.acc.begin() + r0 * H, sh.acc.begin() + r1 * H, 0.0f);
           for (std::int64_t t = si; t < tiles; t += shards) {
             const std::int64_t v0 = t * kTile, n = std::min(kTile, V - v0);
             const Weight rows = E.row_range(v0, n);
             float* L = sh.logits.data();
-            linear(serial, rows, hidden_, L, kTile);
-            for (std::int64_t r = 0; r < C; ++r) {
-              const VocabSegment& sg = segs[row_segment_[static_cast<std::size_t>(r)]];
-              row_update(ctx.isa, sh, L + r * kTile, n, v0, r, r - sg.row0, cap, sg.args, any_soft, H);
+            if (blocks == 1) {
+              linear(serial, rows, hidden_, L, kTile);  // the LM head's operand prepared once for every tile
+            } else {
+              linear(serial, rows, hidden + r0 * H, H, r1 - r0, L + r0 * kTile, kTile);
             }
-            // The rows' scale factors were applied in row_update; now add P E_tile for the whole tile.
-            if (any_soft) linear_transposed(serial, rows, L, kTile, C, sh.acc.data(), H, /*accumulate=*/true);
+            for (std::int64_t r = r0; r < r1; ++r) {
+              const VocabSegment& sg = segs[row_segment_[static_cast<std::size_t>(r)]];
+              row_update(ctx.isa, sh, chunk_mass, L + r * kTile, n, v0, r, r - sg.row0, cap, sg.args, any_soft, H);
+            }
+            // The rows' scale factors were applied in row_update; now add P E_tile for the block's rows.
+            if (any_soft) {
+              linear_transposed(serial, rows, L + r0 * kTile, kTile, r1 - r0, sh.acc.data() + r0 * H, H,
+                                /*accumulate=*/true);
+            }
           }
         },
         ctx.threads);
@@ -160,17 +186,18 @@ class VocabPass {
 
   struct Shard {
     std::vector<Row> rows;
-    std::vector<float> logits;      // [C, kTile]: one tile's logits, then its probabilities
-    std::vector<float> acc;         // [C, H]: sum of e^(l - m) E rows, m the shard's running row max
-    std::vector<float> chunk_mass;  // per sampling chunk of the current row
+    std::vector<float> logits;  // [C, kTile]: one tile's logits, then its probabilities
+    std::vector<float> acc;     // [C, H]: sum of e^(l - m) E rows, m the shard's running row max
   };
 
   // Processes one row of a tile in place: `L` holds raw logits on entry and p = e^(l - m) on exit,
   // where m is the row's running max in this shard after this tile (its accumulator row is
   // rescaled to match).
   // `r` is the row in the stacked pass, `position` its index inside its own canvas (the draws' key).
-  static void row_update(Isa isa, Shard& sh, float* L, std::int64_t n, std::int64_t v0, std::int64_t r,
-                         std::int64_t position, float cap, const VocabPassArgs& args, bool soft, std::int64_t H) {
+  // `chunk_mass`: the task's scratch, one float per sampling chunk of a tile.
+  static void row_update(Isa isa, Shard& sh, float* chunk_mass, float* L, std::int64_t n, std::int64_t v0,
+                         std::int64_t r, std::int64_t position, float cap, const VocabPassArgs& args, bool soft,
+                         std::int64_t H) {
     Row& row = sh.rows[static_cast<std::size_t>(r)];
     std::int64_t tile_arg = 0;
     // cap * tanh(x / cap), then an fp32 divide by T, as the reference.
@@ -190,12 +217,12 @@ class VocabPass {
     // exponent base the soft embedding accumulates with).
     math::SoftmaxStats block;
     block.max = m;
-    vmath::exp_shift_sums(isa, L, n, m, kSampleChunk, &block.sum, &block.weighted, sh.chunk_mass.data());
+    vmath::exp_shift_sums(isa, L, n, m, kSampleChunk, &block.sum, &block.weighted, chunk_mass);
     row.stats.merge(block);
     if (!args.sample) return;
     for (std::int64_t c0 = 0; c0 < n; c0 += kSampleChunk) {
       const std::int64_t cn = std::min(kSampleChunk, n - c0);
-      const float mass = sh.chunk_mass[static_cast<std::size_t>(c0 / kSampleChunk)];
+      const float mass = chunk_mass[c0 / kSampleChunk];
       if (!(mass > 0.0f)) continue;
       const std::uint32_t chunk = static_cast<std::uint32_t>((v0 + c0) / kSampleChunk);
       const Philox4x32 d = draw(args.key, DrawPurpose::kSample, static_cast<std::uint32_t>(position), chunk);
@@ -218,6 +245,7 @@ class VocabPass {
   }
 
   std::vector<Shard> shards_;
+  std::vector<float> chunk_mass_;  // [task][kTile / kSampleChunk]
   PackedActivations hidden_;
   std::vector<std::int32_t> row_segment_;  // the segment of each stacked row
 };
