@@ -207,8 +207,8 @@ inline void micro_rows(std::int64_t rows, const float* a, std::int64_t lda, cons
 }
 
 // How many panel blocks ahead the weights are requested. One block of a product with few rows is
-// computed in less time than its weights take to arrive from memory; two measured best for 16-128
-// rows (1.03-1.10x with the weights in DRAM, on a Zen 3) and changed nothing at 512 rows.
+// computed in less time than its weights take to arrive from memory; two ahead gave 1.05-1.17x at
+// 16-128 rows with the weights in DRAM on a Zen 3, and 0.99-1.06x at 512 (benchmarks/cpu/panel_prefetch).
 constexpr std::int64_t kPrefetchAhead = 2;
 
 // C (+)= A op(B) in blocks of kKc depth x kNr columns: fill_panel(n0, nvalid, k0, kc, panel) writes

@@ -143,14 +143,14 @@ class PanelPrefetcher {
   }
 
  private:
-  std::uintptr_t first_line(std::int64_t r) const {
-    return reinterpret_cast<std::uintptr_t>(src_.base + static_cast<std::size_t>(r) * src_.stride) & ~std::uintptr_t{63};
+  std::uintptr_t run_begin(std::int64_t r) const {
+    return reinterpret_cast<std::uintptr_t>(src_.base + static_cast<std::size_t>(r) * src_.stride);
   }
-  std::uintptr_t last_line(std::int64_t r) const {
-    const auto begin = reinterpret_cast<std::uintptr_t>(src_.base + static_cast<std::size_t>(r) * src_.stride);
-    return (begin + src_.bytes - 1) & ~std::uintptr_t{63};
+  std::uintptr_t first_line(std::int64_t r) const { return run_begin(r) & ~std::uintptr_t{63}; }
+  std::uintptr_t last_line(std::int64_t r) const { return (run_begin(r) + src_.bytes - 1) & ~std::uintptr_t{63}; }
+  std::int64_t lines_of(std::int64_t r) const {
+    return static_cast<std::int64_t>((last_line(r) - first_line(r)) / 64 + 1);
   }
-  std::int64_t lines_of(std::int64_t r) const { return static_cast<std::int64_t>((last_line(r) - first_line(r)) / 64 + 1); }
   void enter_run() {
     if (run_ >= src_.runs) return;
     next_ = first_line(run_);
