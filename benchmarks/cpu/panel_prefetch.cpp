@@ -47,9 +47,7 @@ void product(bool prefetch, const std::uint16_t* w, const float* a, std::int64_t
         kn::avx2::unpack_pair_panel(panel_of(n0), k0, kc, panel);
       },
       [&](std::int64_t n0, std::int64_t, std::int64_t k0, std::int64_t kc) {
-        if (!prefetch) return kn::PanelSource{};
-        const auto bytes = static_cast<std::size_t>((kc + 1) / 2 * 2 * kn::kPairPanelWidth) * sizeof(std::uint16_t);
-        return kn::PanelSource{reinterpret_cast<const std::byte*>(panel_of(n0) + k0 * kn::kPairPanelWidth), 1, bytes, 0};
+        return prefetch ? kn::avx2::pair_panel_source(panel_of(n0), k0, kc) : kn::PanelSource{};
       });
 }
 #endif

@@ -226,7 +226,7 @@ inline void gemm_blocked(const float* a, std::int64_t lda, std::int64_t m, std::
         for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
     return;
   }
-  const std::int64_t tiles = (m + kMr - 1) / kMr;
+  const std::int64_t tiles = (m + kMr - 1) / kMr, panels = (n + kNr - 1) / kNr;
   PanelPrefetcher prefetch;
   for (std::int64_t k0 = 0; k0 < k; k0 += kKc) {
     const std::int64_t kc = k - k0 < kKc ? k - k0 : kKc;
@@ -234,7 +234,7 @@ inline void gemm_blocked(const float* a, std::int64_t lda, std::int64_t m, std::
     for (std::int64_t n0 = 0; n0 < n; n0 += kNr) {
       const std::int64_t nvalid = n - n0 < kNr ? n - n0 : kNr;
       fill_panel(n0, nvalid, k0, kc, panel);
-      const std::int64_t panels = (n + kNr - 1) / kNr, ahead = n0 / kNr + kPrefetchAhead;
+      const std::int64_t ahead = n0 / kNr + kPrefetchAhead;
       const std::int64_t next_n0 = (ahead % panels) * kNr, next_k0 = k0 + (ahead / panels) * kKc;
       if (next_k0 < k) {
         const std::int64_t next_kc = k - next_k0 < kKc ? k - next_k0 : kKc;
@@ -290,6 +290,13 @@ inline void unpack_pair_panel(const std::uint16_t* panel_pairs, std::int64_t k0,
   }
 }
 
+// Where unpack_pair_panel reads rows [k0, k0 + kc) of the panel at `panel` (an odd kc also reads
+// its zero pad).
+inline PanelSource pair_panel_source(const std::uint16_t* panel, std::int64_t k0, std::int64_t kc) {
+  const std::size_t bytes = static_cast<std::size_t>((kc + 1) / 2 * 2 * kNr) * sizeof(std::uint16_t);
+  return PanelSource{reinterpret_cast<const std::byte*>(panel + k0 * kNr), 1, bytes, 0};
+}
+
 // C[m, n] (+)= A[m, k] W^T for a BF16 weight packed as pair tiles, starting at the panel of output 0.
 // The same blocks and micro-kernel as gemm_packed, so the same bits as the row-major weight.
 inline void gemm_pairs(const std::uint16_t* w, const float* a, std::int64_t lda, std::int64_t m, std::int64_t n,
@@ -303,9 +310,7 @@ inline void gemm_pairs(const std::uint16_t* w, const float* a, std::int64_t lda,
         unpack_pair_panel(panel_of(n0), k0, kc, panel);
       },
       [&](std::int64_t n0, std::int64_t, std::int64_t k0, std::int64_t kc) {
-        // an odd kc also reads its zero pad
-        const std::size_t bytes = static_cast<std::size_t>((kc + 1) / 2 * 2 * kNr) * sizeof(std::uint16_t);
-        return PanelSource{reinterpret_cast<const std::byte*>(panel_of(n0) + k0 * kNr), 1, bytes, 0};
+        return pair_panel_source(panel_of(n0), k0, kc);
       });
 }
 
