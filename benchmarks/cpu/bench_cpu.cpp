@@ -209,10 +209,10 @@ int main(int argc, char** argv) {
     out["ar_tokens_per_second"] = static_cast<double>(r.tokens.size()) / (r.seconds - r.prefill_seconds);
   }
   // Arithmetic per row against the measured peak of the precision the rows ran in.
-  const double peak = dg_bench::measured_peak_gflops(engine.kernels().isa, engine.kernels().bf16_tiles(),
-                                                     engine.kernels().threads);
+  const dg::cpu::KernelContext& kc = engine.kernels();
+  const double peak = dg_bench::measured_peak_gflops(kc.isa, kc.bf16_tiles() || kc.bf16_dots(), kc.threads);
   out["peak_gflops"] = peak;
-  out["peak_kind"] = engine.kernels().bf16_tiles() ? "AMX-BF16 tile products" : "fp32 FMA";
+  out["peak_kind"] = kc.bf16_tiles() ? "AMX-BF16 tile products" : kc.bf16_dots() ? "AVX512-BF16 dot products" : "fp32 FMA";
   const double vocab_flops = 4.0 * static_cast<double>(C) * static_cast<double>(V) * static_cast<double>(H);
   const auto rate = [&](const char* key, double flops) {
     if (!out.contains(std::string(key) + "_seconds")) return;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The arithmetic peak of this CPU for a kernel family, measured with our own loops (not a data
-// sheet): independent fused multiply-add chains (fp32, AVX2 or AVX-512) or AMX-BF16 tile products
-// on every thread for a fixed time. Benchmarks print achieved GFLOP/s next to it.
+// sheet): independent fused multiply-add chains (fp32, AVX2 or AVX-512), AVX512-BF16 dot-product
+// chains or AMX-BF16 tile products on every thread for a fixed time. Benchmarks print achieved GFLOP/s next to it.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +23,23 @@ inline double fma_chains_avx512(std::int64_t iterations) {
   for (std::int64_t it = 0; it < iterations; ++it) {
 #pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
+  }
+  float s = 0.0f;
+  for (int i = 0; i < 12; ++i) s += _mm512_reduce_add_ps(acc[i]);
+  return s;
+}
+DG_END_TARGET
+
+// 12 chains of vdpbf16ps: 16 lanes x 2 products each.
+DG_BEGIN_TARGET_AVX512BF16
+inline double dot_chains_bf16(std::int64_t iterations) {
+  __m512 acc[12];
+  const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3F803F80));  // (1, 1) in bf16
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33D633D6));  // (1e-7, 1e-7)
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  for (std::int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
   }
   float s = 0.0f;
   for (int i = 0; i < 12; ++i) s += _mm512_reduce_add_ps(acc[i]);
@@ -87,22 +104,29 @@ DG_END_TARGET
 #endif
 
 // GFLOP/s of `isa` on `threads` threads: fp32 FMA for avx2/avx512 (and for amx when !bf16),
-// AMX-BF16 tile products for amx with bf16. 0 for the generic family (no peak is claimed).
+// AMX-BF16 tile products for amx with bf16, AVX512-BF16 dot products for avx512 with bf16 (the
+// fast precision's weight products there). 0 for the generic family (no peak is claimed).
 inline double measured_peak_gflops(diffusion_gemma::cpu::Isa isa, bool bf16, int threads) {
   using diffusion_gemma::cpu::Isa;
 #if DG_X86_KERNELS
   if (isa == Isa::kGeneric) return 0.0;
   const bool tiles = bf16 && isa == Isa::kAmx;
+  const bool dots = bf16 && isa == Isa::kAvx512;
   const bool wide = isa >= Isa::kAvx512;
-  // FLOP per iteration: 12 chains x lanes x 2, or 4 tile products x 16 x 16 x 32 x 2.
-  const double flop_per_iteration = tiles ? 4.0 * 16 * 16 * 32 * 2 : 12.0 * (wide ? 16 : 8) * 2;
+  // FLOP per iteration: 12 chains x lanes x 2 (x 2 products for the dot product), or 4 tile
+  // products x 16 x 16 x 32 x 2.
+  const double flop_per_iteration =
+      tiles ? 4.0 * 16 * 16 * 32 * 2 : dots ? 12.0 * 16 * 2 * 2 : 12.0 * (wide ? 16 : 8) * 2;
   const std::int64_t iterations = tiles ? 2000000 : 20000000;
   volatile double sink = 0.0;
   const auto t0 = std::chrono::steady_clock::now();
   diffusion_gemma::cpu::parallel_for(
       threads,
       [&](std::int64_t) {
-        const double r = tiles ? amx_products(iterations) : wide ? fma_chains_avx512(iterations) : fma_chains_avx2(iterations);
+        const double r = tiles  ? amx_products(iterations)
+                         : dots ? dot_chains_bf16(iterations)
+                         : wide ? fma_chains_avx512(iterations)
+                                : fma_chains_avx2(iterations);
         sink = sink + r;
       },
       threads);

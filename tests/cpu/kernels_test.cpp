@@ -270,54 +270,122 @@ TEST_CASE("matrices packed for AMX tiles give the bits of the row-major tile ker
 }
 
 #if DG_X86_KERNELS
-TEST_CASE("BF16 matrices packed as pair tiles give the exact AVX2 bits of the row-major weight", "[cpu][kernels][tiles]") {
-  if (cpu::cpu_features().best() < cpu::Isa::kAvx2) {
-    WARN("no AVX2 on this CPU: the pair-tile AVX2 kernel is not run here");
+TEST_CASE("BF16 matrices packed as pair tiles give the exact AVX2 and AVX-512 bits of the row-major weight",
+          "[cpu][kernels][tiles]") {
+  for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+    if (cpu::cpu_features().best() < isa) {
+      WARN("no " << cpu::isa_name(isa) << " on this CPU: its pair-tile kernel is not run here");
+      continue;
+    }
+    INFO(cpu::isa_name(isa));
+    std::mt19937 rng(31);
+    cpu::KernelContext ctx;
+    ctx.isa = isa;
+    ctx.precision = cpu::Precision::kExact;
+    ctx.threads = 2;
+    // The same fp32 panels reach the same micro-kernel in the same order: equal bits, for every tail
+    // (outputs not a multiple of 16, depths odd, not a multiple of 32, across the 256-deep blocks).
+    const auto same_bits = [&](const Weight& rows, const Weight& packed, std::int64_t m, bool accumulate) {
+      return same_product(ctx, rows, packed, m, accumulate, rng);
+    };
+    struct Size {
+      std::int64_t m, n, k;
+    };
+    const Size sizes[] = {{1, 5, 7},     {3, 16, 1},     {4, 64, 128},  {7, 17, 33},    {13, 70, 257},
+                          {37, 129, 512}, {40, 300, 701}, {64, 256, 256}, {18, 33, 4200}, {256, 96, 96}};
+    for (const Size& s : sizes) {
+      const TestWeight w = make_weight(DType::kBF16, s.n, s.k, rng, 1, 2);  // rows at an odd address
+      Weight packed = w.view;
+      cpu::detail::pack_matrix_tiles(packed, /*release_mapped=*/false, cpu::TilePacking::kBf16Only);
+      REQUIRE(packed.tiles != nullptr);
+      for (bool accumulate : {false, true}) {
+        INFO("m " << s.m << " n " << s.n << " k " << s.k << (accumulate ? " accumulate" : ""));
+        CHECK(same_bits(w.view, packed, s.m, accumulate));
+      }
+    }
+    // Expert groups and row ranges are views into the packed copy; a range off a panel boundary
+    // falls back to the rows.
+    const TestWeight e = make_weight(DType::kBF16, 48, 40, rng, 5);
+    Weight packed = e.view;
+    cpu::detail::pack_matrix_tiles(packed, false, cpu::TilePacking::kBf16Only);
+    for (std::int64_t g = 0; g < 5; ++g) {
+      INFO("group " << g);
+      CHECK(same_bits(e.view.group(g), packed.group(g), 21, false));
+    }
+    CHECK(same_bits(e.view.group(3).row_range(16, 20), packed.group(3).row_range(16, 20), 9, true));
+    CHECK(same_bits(e.view.group(3).row_range(5, 20), packed.group(3).row_range(5, 20), 9, false));
+    // Only BF16 is packed losslessly; F32 and F16 matrices keep their rows.
+    for (DType dtype : {DType::kF32, DType::kF16}) {
+      const TestWeight f = make_weight(dtype, 32, 64, rng);
+      Weight kept = f.view;
+      cpu::detail::pack_matrix_tiles(kept, false, cpu::TilePacking::kBf16Only);
+      INFO(dtype_label(dtype));
+      CHECK(kept.tiles == nullptr);
+    }
+  }
+}
+
+TEST_CASE("fast precision on AVX512-BF16: fp32 sums of bf16-rounded activations and weights", "[cpu][kernels][tiles]") {
+  if (cpu::cpu_features().best() < cpu::Isa::kAvx512 || !cpu::cpu_features().avx512bf16) {
+    WARN("no AVX512-BF16 on this CPU: the bf16 dot-product kernel is not run here");
     return;
   }
-  std::mt19937 rng(31);
+  std::mt19937 rng(47);
   cpu::KernelContext ctx;
-  ctx.isa = cpu::Isa::kAvx2;
-  ctx.precision = cpu::Precision::kExact;
+  ctx.isa = cpu::Isa::kAvx512;
+  ctx.precision = cpu::Precision::kFast;
   ctx.threads = 2;
-  // The same fp32 panels reach the same micro-kernel in the same order: equal bits, for every tail
-  // (outputs not a multiple of 16, depths odd, not a multiple of 32, across the 256-deep blocks).
-  const auto same_bits = [&](const Weight& rows, const Weight& packed, std::int64_t m, bool accumulate) {
-    return same_product(ctx, rows, packed, m, accumulate, rng);
-  };
+  REQUIRE(ctx.bf16_dots());
   struct Size {
     std::int64_t m, n, k;
   };
-  const Size sizes[] = {{1, 5, 7},     {3, 16, 1},     {4, 64, 128},  {7, 17, 33},    {13, 70, 257},
-                        {37, 129, 512}, {40, 300, 701}, {64, 256, 256}, {18, 33, 4200}, {256, 96, 96}};
-  for (const Size& s : sizes) {
-    const TestWeight w = make_weight(DType::kBF16, s.n, s.k, rng, 1, 2);  // rows at an odd address
-    Weight packed = w.view;
-    cpu::detail::pack_matrix_tiles(packed, /*release_mapped=*/false, cpu::TilePacking::kBf16Only);
-    REQUIRE(packed.tiles != nullptr);
-    for (bool accumulate : {false, true}) {
-      INFO("m " << s.m << " n " << s.n << " k " << s.k << (accumulate ? " accumulate" : ""));
-      CHECK(same_bits(w.view, packed, s.m, accumulate));
+  // Tails of every block: outputs not a multiple of 16 or 32, odd depths, depths across the
+  // 256-deep blocks, rows below, at and above the 12-row tile.
+  const Size sizes[] = {{1, 5, 7},      {3, 16, 1},    {4, 64, 128}, {7, 17, 33},   {13, 70, 257},
+                        {37, 129, 512}, {40, 300, 701}, {12, 48, 256}, {18, 33, 4200}, {100, 96, 96}};
+  // F32 and F16 weights are rounded to bf16 when packed, as for the AMX tiles.
+  for (DType dtype : {DType::kBF16, DType::kF32, DType::kF16}) {
+    for (const Size& s : sizes) {
+      const TestWeight w = make_weight(dtype, s.n, s.k, rng);
+      Weight packed = w.view;
+      cpu::detail::pack_matrix_tiles(packed, /*release_mapped=*/false, cpu::TilePacking::kAllRoundedToBf16);
+      REQUIRE(packed.tiles != nullptr);
+      const std::int64_t ldx = s.k + 3, ldy = s.n + 5;
+      const auto x = random_floats(static_cast<std::size_t>(s.m * ldx), rng);
+      for (bool accumulate : {false, true}) {
+        INFO(dtype_label(dtype) << " m " << s.m << " n " << s.n << " k " << s.k << (accumulate ? " accumulate" : ""));
+        auto y = random_floats(static_cast<std::size_t>(s.m * ldy), rng);
+        std::vector<double> want(y.size()), scale(y.size(), 1.0);
+        for (std::int64_t i = 0; i < s.m; ++i) {
+          for (std::int64_t j = 0; j < ldy; ++j) want[i * ldy + j] = y[i * ldy + j];
+          for (std::int64_t j = 0; j < s.n; ++j) {
+            double sum = accumulate ? y[i * ldy + j] : 0.0, mag = std::abs(sum);
+            for (std::int64_t kk = 0; kk < s.k; ++kk) {
+              const double p = static_cast<double>(bfloat16::from_float(x[i * ldx + kk]).to_float()) *
+                               bfloat16::from_float(static_cast<float>(w.values[j * s.k + kk])).to_float();
+              sum += p;
+              mag += std::abs(p);
+            }
+            want[i * ldy + j] = sum;
+            scale[i * ldy + j] = mag;
+          }
+        }
+        const auto before = y;
+        cpu::linear(ctx, packed, x.data(), ldx, s.m, y.data(), ldy, accumulate);
+        // The products of bf16 values are exact in fp32; what is left is fp32 accumulation.
+        CHECK(worst_relative(y, want, scale) < 1e-5);
+        // One thread, and each row alone, give the same bits: no result depends on the batch.
+        auto serial = before;
+        cpu::KernelContext one = ctx;
+        one.threads = 1;
+        cpu::linear(one, packed, x.data(), ldx, s.m, serial.data(), ldy, accumulate);
+        CHECK(serial == y);
+        const std::int64_t last = s.m - 1;
+        std::vector<float> alone(before.begin() + last * ldy, before.begin() + (last + 1) * ldy);
+        cpu::linear(ctx, packed, x.data() + last * ldx, ldx, 1, alone.data(), ldy, accumulate);
+        CHECK(std::equal(alone.begin(), alone.end(), y.begin() + last * ldy));
+      }
     }
-  }
-  // Expert groups and row ranges are views into the packed copy; a range off a panel boundary
-  // falls back to the rows.
-  const TestWeight e = make_weight(DType::kBF16, 48, 40, rng, 5);
-  Weight packed = e.view;
-  cpu::detail::pack_matrix_tiles(packed, false, cpu::TilePacking::kBf16Only);
-  for (std::int64_t g = 0; g < 5; ++g) {
-    INFO("group " << g);
-    CHECK(same_bits(e.view.group(g), packed.group(g), 21, false));
-  }
-  CHECK(same_bits(e.view.group(3).row_range(16, 20), packed.group(3).row_range(16, 20), 9, true));
-  CHECK(same_bits(e.view.group(3).row_range(5, 20), packed.group(3).row_range(5, 20), 9, false));
-  // Only BF16 is packed losslessly; F32 and F16 matrices keep their rows.
-  for (DType dtype : {DType::kF32, DType::kF16}) {
-    const TestWeight f = make_weight(dtype, 32, 64, rng);
-    Weight kept = f.view;
-    cpu::detail::pack_matrix_tiles(kept, false, cpu::TilePacking::kBf16Only);
-    INFO(dtype_label(dtype));
-    CHECK(kept.tiles == nullptr);
   }
 }
 
@@ -354,23 +422,36 @@ TEST_CASE("the weight prefetcher requests every line of a block once, spread ove
   }
 }
 
-TEST_CASE("the portable pair-tile packing lays out BF16 exactly as the AMX packing does", "[cpu][kernels][tiles]") {
+TEST_CASE("the portable pair-tile packing lays out and rounds weights exactly as the AMX packing does",
+          "[cpu][kernels][tiles]") {
   if (cpu::cpu_features().best() < cpu::Isa::kAmx) {
     WARN("no AMX on this CPU: the two packings are not compared here (" << cpu::cpu_features().flags() << ")");
     return;
   }
   std::mt19937 rng(32);
-  for (const auto& [n, k] : {std::pair<std::int64_t, std::int64_t>{5, 7}, {16, 32}, {33, 257}, {70, 700}}) {
-    const TestWeight w = make_weight(DType::kBF16, n, k, rng);
-    std::vector<std::uint16_t> portable(w.view.tile_elements_per_group(), 0xFFFF), amx(portable.size(), 0xFFFF);
-    for (std::int64_t n0 = 0; n0 < n; n0 += 16) cpu::detail::pack_bf16_pair_panel(w.view.data, n, k, n0, portable.data());
-    cpu::kernels::MatrixB b;
-    b.data = w.view.data;
-    b.dtype = DType::kBF16;
-    b.ld = k;
-    cpu::kernels::amx::pack_weight_tiles<DType::kBF16>(b, n, k, amx.data());
-    INFO("n " << n << " k " << k);
-    CHECK(portable == amx);
+  for (DType dtype : {DType::kBF16, DType::kF32, DType::kF16}) {
+    for (const auto& [n, k] : {std::pair<std::int64_t, std::int64_t>{5, 7}, {16, 32}, {33, 257}, {70, 700}}) {
+      const TestWeight w = make_weight(dtype, n, k, rng);
+      std::vector<std::uint16_t> portable(w.view.tile_elements_per_group(), 0xFFFF), amx(portable.size(), 0xFFFF);
+      cpu::kernels::MatrixB b;
+      b.data = w.view.data;
+      b.dtype = dtype;
+      b.ld = k;
+      for (std::int64_t n0 = 0; n0 < n; n0 += 16) {
+        switch (dtype) {
+          case DType::kBF16: cpu::detail::pack_pair_panel<DType::kBF16>(w.view.data, n, k, n0, portable.data()); break;
+          case DType::kF16: cpu::detail::pack_pair_panel<DType::kF16>(w.view.data, n, k, n0, portable.data()); break;
+          default: cpu::detail::pack_pair_panel<DType::kF32>(w.view.data, n, k, n0, portable.data()); break;
+        }
+      }
+      switch (dtype) {
+        case DType::kBF16: cpu::kernels::amx::pack_weight_tiles<DType::kBF16>(b, n, k, amx.data()); break;
+        case DType::kF16: cpu::kernels::amx::pack_weight_tiles<DType::kF16>(b, n, k, amx.data()); break;
+        default: cpu::kernels::amx::pack_weight_tiles<DType::kF32>(b, n, k, amx.data()); break;
+      }
+      INFO(dtype_label(dtype) << " n " << n << " k " << k);
+      CHECK(portable == amx);
+    }
   }
 }
 
@@ -690,7 +771,7 @@ double worst_over_bound(const Int8Reference& r8, const std::vector<std::byte>& d
 
 }  // namespace
 
-// The fast precision on AVX2: 4-bit weights times activations rounded to 8-bit integers
+// The fast precision on AVX2 and AVX-512 CPUs: 4-bit weights times activations rounded to 8-bit integers
 // (cpu/kernels/int8_products.hpp). The AVX2 kernel must give the scalar reference's bits, at any
 // thread count and for a row alone; against the exact product it may differ only by the rounding of
 // the activations (half a step of each chunk's scale) and of the exact path's bf16 weights.
@@ -745,6 +826,18 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
             std::vector<float> alone(static_cast<std::size_t>(ldy));
             cpu::linear(ctx, w, x.data() + (M - 1) * ldx, ldx, 1, alone.data(), ldy);
             CHECK(std::memcmp(alone.data(), want.data() + (M - 1) * ldy, static_cast<std::size_t>(rows) * 4) == 0);
+            // An AVX-512 engine takes the same products (measured faster there than dequantised fp32).
+            if (cpu::cpu_features().best() >= cpu::Isa::kAvx512) {
+              cpu::KernelContext wide = ctx;
+              wide.isa = cpu::Isa::kAvx512;
+              REQUIRE(wide.int8_products(m.q));
+              std::vector<float> got(want.size());
+              cpu::linear(wide, w, x.data(), ldx, M, got.data(), ldy);
+              bool same = true;
+              for (std::int64_t r = 0; r < M; ++r)
+                for (std::int64_t n = 0; n < rows; ++n) same &= got[r * ldy + n] == want[r * ldy + n];
+              CHECK(same);
+            }
             // Within the rounding bound of the exact product.
             cpu::KernelContext exact;
             exact.isa = cpu::Isa::kAvx2;

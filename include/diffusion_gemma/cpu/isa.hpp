@@ -23,8 +23,9 @@
 #include <unistd.h>
 #define DG_X86_KERNELS 1
 // Target attributes of the kernel families. AVX2 implies FMA and F16C on every CPU that has it;
-// the AVX-512 path uses F/BW/VL/DQ (Skylake-SP, Zen 4 and later); AMX adds the tiles and the
-// AVX512-BF16 conversions (Sapphire Rapids and later).
+// the AVX-512 path uses F/BW/VL/DQ (Skylake-SP, Zen 4 and later), and AVX512-BF16 dot products
+// in the fast precision where the CPU has them (Cooper Lake, Zen 4 and later); AMX adds the tiles
+// (Sapphire Rapids and later).
 #define DG_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define DG_TARGET_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define DG_TARGET_AMX \
@@ -39,6 +40,10 @@
   _Pragma(                                                                                                   \
       "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq\"))), " \
       "apply_to = function)")
+#define DG_BEGIN_TARGET_AVX512BF16                                                                \
+  _Pragma(                                                                                        \
+      "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq," \
+      "avx512bf16\"))), apply_to = function)")
 #define DG_BEGIN_TARGET_AMX                                                                                  \
   _Pragma(                                                                                                   \
       "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,"       \
@@ -56,6 +61,10 @@
 #define DG_BEGIN_TARGET_AVX512                                                                       \
   _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq\")") \
       DG_GCC_KERNEL_DIAGNOSTICS
+#define DG_BEGIN_TARGET_AVX512BF16                                                                 \
+  _Pragma("GCC push_options")                                                                      \
+      _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16\")") \
+          DG_GCC_KERNEL_DIAGNOSTICS
 #define DG_BEGIN_TARGET_AMX                                                                                    \
   _Pragma("GCC push_options")                                                                                 \
       _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16\")") \

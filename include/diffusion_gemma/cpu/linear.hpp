@@ -8,11 +8,13 @@
 // Precisions (docs/design.md, "The weight path"):
 //   exact  fp32 activations and accumulation; BF16/F16 weights widened exactly in registers. The
 //          products every parity test holds to (bitwise equal between the AVX2 and AVX-512 paths).
-//   fast   on CPUs with AMX: activations rounded to bf16, fp32 accumulation on the tiles. On AVX2
-//          CPUs (no AVX-512): 4-bit integer weights multiply activations rounded to 8-bit integers
-//          (cpu/kernels/int8_products.hpp), every other product is exact. Elsewhere it is exact
-//          (this CPU family's AVX512-BF16 dot product measured slower than fp32 FMA), and so are
-//          products of at most 4 rows on AMX, which only stream the weight.
+//   fast   on CPUs with AMX: activations rounded to bf16, fp32 accumulation on the tiles. On
+//          AVX-512 CPUs with AVX512-BF16 and no AMX: the same matrices, packed as bf16 pair tiles,
+//          multiply activations rounded to bf16 with dot products (cpu/kernels/avx512_bf16.hpp),
+//          twice the fp32 rate on a Zen 4. On AVX2 and AVX-512 CPUs: 4-bit integer weights
+//          multiply activations rounded to 8-bit integers (cpu/kernels/int8_products.hpp). Every
+//          other product is exact, and so are products of at most 4 rows on AMX, which only
+//          stream the weight.
 //
 // Quantized weights (docs/quantization.md) take the same kernels: blocks of rows are dequantised
 // into a per-thread buffer in the scale's dtype (cpu/kernels/dequantize.hpp) and multiplied at
@@ -33,6 +35,7 @@
 #include <diffusion_gemma/cpu/kernels/amx.hpp>
 #include <diffusion_gemma/cpu/kernels/avx2.hpp>
 #include <diffusion_gemma/cpu/kernels/avx512.hpp>
+#include <diffusion_gemma/cpu/kernels/avx512_bf16.hpp>
 #include <diffusion_gemma/cpu/kernels/dequantize_simd.hpp>
 #include <diffusion_gemma/cpu/kernels/generic.hpp>
 #include <diffusion_gemma/cpu/kernels/int8_products.hpp>
@@ -73,18 +76,26 @@ struct KernelContext {
 
   // Whether weight products run on AMX tiles in bf16.
   bool bf16_tiles() const { return precision == Precision::kFast && isa == Isa::kAmx; }
+  // Whether weight products take bf16 activations and weights through AVX512-BF16 dot products
+  // (an AVX-512 CPU without AMX, or any CPU told DG_CPU_ISA=avx512, that has them).
+  bool bf16_dots() const {
+    return precision == Precision::kFast && isa == Isa::kAvx512 && cpu_features().avx512bf16;
+  }
   // Whether a quantized weight's products take 8-bit integer activations: 4-bit weights on AVX2
-  // only (measured faster than fp32 there; AVX-512 and AMX machines keep their own paths).
+  // and AVX-512 CPUs (the AVX2 kernel; measured faster than dequantised fp32 on a Zen 3 and a
+  // Zen 4). AMX machines keep their bf16 tiles.
   bool int8_products(const QuantizedMatrix& q) const {
-    return precision == Precision::kFast && isa == Isa::kAvx2 && kernels::int8::supported(q);
+    return precision == Precision::kFast && (isa == Isa::kAvx2 || isa == Isa::kAvx512) && kernels::int8::supported(q);
   }
   // The product path in words, for `dgemma info` and benchmark output.
   std::string path() const {
     std::string s = std::string(isa_name(isa)) + ", " + precision_name(precision);
     if (precision == Precision::kFast) {
       if (bf16_tiles()) s += " (bf16 on AMX tiles)";
+      else if (bf16_dots()) s += " (bf16 dot products for the packed matrices, int8 activations x 4-bit weights; otherwise exact)";
       else if (isa == Isa::kAvx2) s += " (int8 activations x 4-bit weights; otherwise exact)";
-      else s += " (= exact: no AMX)";
+      else if (isa == Isa::kAvx512) s += " (int8 activations x 4-bit weights; otherwise exact: no AVX512-BF16)";
+      else s += " (= exact)";
     }
     return s;
   }
@@ -301,6 +312,22 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
     const std::uint16_t* wp = w.tile_data();
     detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
       kernels::avx2::gemm_pairs(wp + kernels::pair_panel_offset(n0, k), x, ldx, m, n1 - n0, k, y + n0, ldy, accumulate);
+    });
+    return;
+  }
+  if (ctx.isa == Isa::kAvx512 && w.tiles && (ctx.bf16_dots() || w.dtype == DType::kBF16)) {
+    const std::uint16_t* wp = w.tile_data();
+    if (ctx.bf16_dots()) {  // any dtype, rounded to bf16 when packed; activations rounded once here
+      namespace dots = kernels::avx512_bf16;
+      std::uint32_t* xa = kernels::scratch<std::uint32_t, 0>(static_cast<std::size_t>(m * dots::activation_pairs(k)));
+      dots::pack_activations(x, ldx, m, k, xa);
+      detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
+        dots::gemm_pairs(wp + kernels::pair_panel_offset(n0, k), xa, m, n1 - n0, k, y + n0, ldy, accumulate);
+      });
+      return;
+    }
+    detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {  // lossless: the exact bits
+      kernels::avx512::gemm_pairs(wp + kernels::pair_panel_offset(n0, k), x, ldx, m, n1 - n0, k, y + n0, ldy, accumulate);
     });
     return;
   }

@@ -4,7 +4,7 @@
 // used in place from the memory map (io/load.hpp): a BF16 checkpoint costs its BF16 bytes of
 // memory, once, shared with the page cache. Only the vectors (norm weights, router scales, layer
 // scalars: a few KiB per layer) are widened to fp32 copies, since every use reads them as fp32.
-// Engines that multiply on AMX tiles, and AVX2 engines on BF16 matrices, use a copy of the matrices
+// Engines that multiply on AMX tiles, and AVX2 and AVX-512 engines on BF16 matrices, use a copy of the matrices
 // packed as pair tiles instead (tiled_weights, paired_weights), which takes the place of the mapped
 // pages it was made from.
 #pragma once
@@ -88,7 +88,8 @@ class Model {
   }
   float layer_scalar(int l) const { return *vector(l, Param::kLayerScalar); }
 
-  // The weights with the matrices the fast AMX engines multiply also packed into tiles
+  // The weights with the matrices the fast engines multiply in bf16 (AMX tiles, AVX512-BF16 dot
+  // products) also packed into tiles, F32 and F16 ones rounded to bf16
   // (cpu/tile_pack.hpp): made on the first call (thread-safe) and shared by every such engine on
   // this model. The mapped pages of the packed matrices are released once packed.
   const ModelWeights& tiled_weights() const {
@@ -99,7 +100,7 @@ class Model {
   }
 
   // The weights whose BF16 matrices (the same list) are also packed as pair tiles, losslessly, for
-  // the exact AVX2 kernel; the tiled_weights() object itself when every such matrix is BF16.
+  // the AVX2 and AVX-512 kernels; the tiled_weights() object itself when every such matrix is BF16.
   const ModelWeights& paired_weights() const {
     if (packable_matrices_all_bf16(ckpt_.weights)) return tiled_weights();
     std::call_once(paired_once_, [&] {

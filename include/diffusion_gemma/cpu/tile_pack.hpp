@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Weights packed once as pair tiles (kernels/operands.hpp: panels of 16 outputs, the 32-bit pairs of
-// consecutive inputs side by side). Two kernels read that form:
+// consecutive inputs side by side). Three kernels read that form:
 //   - AMX's bf16 tile products (the fast precision on an AMX CPU), which need W's pairs transposed
-//     in 16 x 16 blocks: every matrix is packed, F32 and F16 ones rounded to bf16;
-//   - the exact AVX2 product, for which a panel of 16 columns becomes one forward stream instead of
-//     16 rows read side by side and transposed: only BF16 matrices are packed, which is lossless.
+//     in 16 x 16 blocks, and the AVX512-BF16 dot products (the fast precision on an AVX-512 CPU
+//     without AMX), which take each pair of 16 outputs as one vector: every matrix is packed,
+//     F32 and F16 ones rounded to bf16 (to nearest even);
+//   - the exact AVX2 and AVX-512 products, for which a panel of 16 columns becomes one forward
+//     stream instead of 16 rows read side by side and transposed: only BF16 matrices are packed,
+//     which is lossless.
 // Doing it per call costs what it saves, so it is done once per model, for the matrices every pass
 // multiplies: the attention projections, the dense MLP, the experts and the self-conditioning MLP.
 // The embedding keeps its rows (tokens are looked up by id and the vocabulary pass streams it), the
@@ -15,9 +18,11 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 
 #include <sys/mman.h>
 
+#include <diffusion_gemma/core/bfloat16.hpp>
 #include <diffusion_gemma/core/status.hpp>
 #include <diffusion_gemma/cpu/isa.hpp>
 #include <diffusion_gemma/cpu/kernels/amx.hpp>
@@ -29,8 +34,8 @@ namespace diffusion_gemma::cpu {
 
 // Which matrices a packed copy holds (see the top of this file).
 enum class TilePacking {
-  kAllRoundedToBf16,  // AMX tiles
-  kBf16Only,          // the exact AVX2 kernel: lossless
+  kAllRoundedToBf16,  // the bf16 products of the fast precision
+  kBf16Only,          // the exact AVX2 and AVX-512 kernels: lossless
 };
 
 namespace detail {
@@ -44,17 +49,27 @@ inline void release_mapped_pages(const std::byte* data, std::size_t bytes) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
-// The panel of outputs [n0, n0 + 16) of a BF16 [n, k] matrix (row-major, rows `k` elements apart)
-// as pair tiles, on any CPU: the bf16 values are copied, not converted; pads are zero.
-inline void pack_bf16_pair_panel(const std::byte* w, std::int64_t n, std::int64_t k, std::int64_t n0, std::uint16_t* out) {
+// The panel of outputs [n0, n0 + 16) of a [n, k] matrix (row-major, rows `k` elements apart) as
+// pair tiles, on any CPU: BF16 values are copied, F32 and F16 ones rounded to bf16 (to nearest
+// even, as the AMX packing rounds them); pads are zero.
+template <DType T>
+inline void pack_pair_panel(const std::byte* w, std::int64_t n, std::int64_t k, std::int64_t n0, std::uint16_t* out) {
   std::uint16_t* panel = out + kernels::pair_panel_offset(n0, k);
   const std::int64_t kp = (k + 31) / 32 * 32;
+  const std::size_t es = dtype_size(T);
   for (std::int64_t j = 0; j < kernels::kPairPanelWidth; ++j) {
     std::uint16_t* column = panel + 2 * j;
     std::int64_t i = 0;
     if (n0 + j < n) {
-      const std::byte* row = w + static_cast<std::size_t>((n0 + j) * k) * 2;
-      for (; i < k; ++i) std::memcpy(column + (i / 2) * 2 * kernels::kPairPanelWidth + (i & 1), row + 2 * i, 2);
+      const std::byte* row = w + static_cast<std::size_t>((n0 + j) * k) * es;
+      for (; i < k; ++i) {
+        std::uint16_t* dst = column + (i / 2) * 2 * kernels::kPairPanelWidth + (i & 1);
+        if constexpr (T == DType::kBF16) {
+          std::memcpy(dst, row + 2 * i, 2);
+        } else {
+          *dst = bfloat16::from_float(kernels::MatrixB::element(row, T, i)).bits;
+        }
+      }
     }
     for (; i < kp; ++i) column[(i / 2) * 2 * kernels::kPairPanelWidth + (i & 1)] = 0;
   }
@@ -65,10 +80,6 @@ inline void pack_matrix_tiles(Weight& w, bool release_mapped, TilePacking which 
   if (!w.is_dense() || w.empty() || w.shape.rank < 2 || w.shape.rank > 3 || w.tiles) return;
   if (which == TilePacking::kBf16Only && w.dtype != DType::kBF16) return;
   const bool amx = cpu_features().best() >= Isa::kAmx;
-  if (!amx && w.dtype != DType::kBF16) {
-    throw_error(StatusCode::kUnsupported, "cpu: rounding ", dtype_name(w.dtype),
-                " weights to bf16 tiles needs AMX (this CPU: ", cpu_features().flags(), ")");
-  }
   const std::int64_t n = w.rows(), k = w.cols(), groups = w.groups();
   const std::size_t per_group = w.tile_elements_per_group();
   // Left uninitialised (every element is written below), so its pages are taken only as each group
@@ -91,10 +102,17 @@ inline void pack_matrix_tiles(Weight& w, bool release_mapped, TilePacking which 
         case DType::kF16: kernels::amx::pack_weight_tiles<DType::kF16>(b, n, k, out); break;
         default: kernels::amx::pack_weight_tiles<DType::kF32>(b, n, k, out); break;
       }
-    } else {  // BF16 only
-      parallel_for(
-          panels, [&](std::int64_t p) { pack_bf16_pair_panel(src, n, k, p * kernels::kPairPanelWidth, out); },
-          panel_threads);
+    } else {
+      const auto pack_panels = [&](auto t) {
+        parallel_for(
+            panels, [&](std::int64_t p) { pack_pair_panel<decltype(t)::value>(src, n, k, p * kernels::kPairPanelWidth, out); },
+            panel_threads);
+      };
+      switch (w.dtype) {
+        case DType::kBF16: pack_panels(std::integral_constant<DType, DType::kBF16>{}); break;
+        case DType::kF16: pack_panels(std::integral_constant<DType, DType::kF16>{}); break;
+        default: pack_panels(std::integral_constant<DType, DType::kF32>{}); break;
+      }
     }
     if (release_mapped && w.borrowed()) release_mapped_pages(src, group_bytes);
   };

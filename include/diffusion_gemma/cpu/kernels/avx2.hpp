@@ -206,58 +206,12 @@ inline void micro_rows(std::int64_t rows, const float* a, std::int64_t lda, cons
   }
 }
 
-// How many panel blocks ahead the weights are requested. One block of a product with few rows is
-// computed in less time than its weights take to arrive from memory; two ahead gave 1.05-1.17x at
-// 16-128 rows with the weights in DRAM on a Zen 3, and 0.99-1.06x at 512 (benchmarks/cpu/panel_prefetch).
-constexpr std::int64_t kPrefetchAhead = 2;
-
-// C (+)= A op(B) in blocks of kKc depth x kNr columns: fill_panel(n0, nvalid, k0, kc, panel) writes
-// the block's fp32 panel, and the register tile runs over every row of A against it.
-// source(n0, nvalid, k0, kc) says where a block's weights are, so that they can be requested while
-// the tile works: the tile is bound by arithmetic, the weights stream from memory, and without the
-// request each panel fill waits on its loads.
+// C (+)= A op(B) through the shared blocked loop (operands.hpp) with this family's 6 x 16 tile.
 template <class FillPanel, class Source>
 inline void gemm_blocked(const float* a, std::int64_t lda, std::int64_t m, std::int64_t n, std::int64_t k, float* c,
                          std::int64_t ldc, bool accumulate, FillPanel&& fill_panel, Source&& source) {
-  float* panel = scratch<float, 0>(static_cast<std::size_t>(kKc * kNr));
-  if (k == 0) {
-    if (!accumulate)
-      for (std::int64_t i = 0; i < m; ++i)
-        for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
-    return;
-  }
-  const std::int64_t tiles = (m + kMr - 1) / kMr, panels = (n + kNr - 1) / kNr;
-  PanelPrefetcher prefetch;
-  for (std::int64_t k0 = 0; k0 < k; k0 += kKc) {
-    const std::int64_t kc = k - k0 < kKc ? k - k0 : kKc;
-    const bool load_c = accumulate || k0 > 0;
-    for (std::int64_t n0 = 0; n0 < n; n0 += kNr) {
-      const std::int64_t nvalid = n - n0 < kNr ? n - n0 : kNr;
-      fill_panel(n0, nvalid, k0, kc, panel);
-      const std::int64_t ahead = n0 / kNr + kPrefetchAhead;
-      const std::int64_t next_n0 = (ahead % panels) * kNr, next_k0 = k0 + (ahead / panels) * kKc;
-      if (next_k0 < k) {
-        const std::int64_t next_kc = k - next_k0 < kKc ? k - next_k0 : kKc;
-        prefetch.start(source(next_n0, n - next_n0 < kNr ? n - next_n0 : kNr, next_k0, next_kc), tiles);
-      } else {
-        prefetch.start(PanelSource{}, tiles);
-      }
-      for (std::int64_t m0 = 0; m0 < m; m0 += kMr) {
-        const std::int64_t rows = m - m0 < kMr ? m - m0 : kMr;
-        prefetch.step();
-        micro_rows(rows, a + m0 * lda + k0, lda, panel, kc, c + m0 * ldc + n0, ldc, load_c, nvalid);
-      }
-    }
-  }
-}
-
-// Where pack_panel reads a block: 16 rows of kc elements (kNK) or kc rows of 16 (kKN).
-inline PanelSource matrix_source(const MatrixB& b, std::int64_t n0, std::int64_t nvalid, std::int64_t k0,
-                                 std::int64_t kc) {
-  const std::size_t es = dtype_size(b.dtype), stride = static_cast<std::size_t>(b.ld) * es;
-  if (b.form == BForm::kKN)
-    return {b.row(k0) + static_cast<std::size_t>(n0) * es, kc, static_cast<std::size_t>(nvalid) * es, stride};
-  return {b.row(n0) + static_cast<std::size_t>(k0) * es, nvalid, static_cast<std::size_t>(kc) * es, stride};
+  blocked_product(TileShape{kKc, kNr, kMr}, &micro_rows, scratch<float, 0>(static_cast<std::size_t>(kKc * kNr)), a, lda,
+                  m, n, k, c, ldc, accumulate, fill_panel, source);
 }
 
 template <DType T>

@@ -200,27 +200,63 @@ inline void micro_rows(std::int64_t rows, const float* a, std::int64_t lda, cons
   }
 }
 
+// C (+)= A op(B) through the shared blocked loop (operands.hpp) with this family's 12 x 32 tile.
+template <class FillPanel, class Source>
+inline void gemm_blocked(const float* a, std::int64_t lda, std::int64_t m, std::int64_t n, std::int64_t k, float* c,
+                         std::int64_t ldc, bool accumulate, FillPanel&& fill_panel, Source&& source) {
+  blocked_product(TileShape{kKc, kNr, kMr}, &micro_rows, scratch<float, 0>(static_cast<std::size_t>(kKc * kNr)), a, lda,
+                  m, n, k, c, ldc, accumulate, fill_panel, source);
+}
+
 template <DType T>
 inline void gemm_packed(const Gemm& g) {
-  float* panel = scratch<float, 0>(static_cast<std::size_t>(kKc * kNr));
-  if (g.k == 0) {
-    if (!g.accumulate)
-      for (std::int64_t m = 0; m < g.m; ++m)
-        for (std::int64_t n = 0; n < g.n; ++n) g.c[m * g.ldc + n] = 0.0f;
-    return;
+  gemm_blocked(
+      g.a, g.lda, g.m, g.n, g.k, g.c, g.ldc, g.accumulate,
+      [&](std::int64_t n0, std::int64_t nvalid, std::int64_t k0, std::int64_t kc, float* panel) {
+        pack_panel<T>(g.b, n0, nvalid, k0, kc, panel);
+      },
+      [&](std::int64_t n0, std::int64_t nvalid, std::int64_t k0, std::int64_t kc) {
+        return matrix_source(g.b, n0, nvalid, k0, kc);
+      });
+}
+
+// Rows [k0, k0 + kc) of the 32 columns held by two pair-tile panels (operands.hpp; `second` is
+// null past the last output), widened to fp32 (exact: a bf16 is the high half of its fp32). k0
+// is even; an odd kc also writes row kc (a zero pad), inside the panel buffer.
+inline void unpack_pair_panels(const std::uint16_t* first, const std::uint16_t* second, std::int64_t k0,
+                               std::int64_t kc, float* panel) {
+  const I high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (std::int64_t k = 0; k < kc; k += 2) {
+    const std::size_t at = static_cast<std::size_t>((k0 + k) * kPairPanelWidth);
+    const I lo = _mm512_loadu_si512(first + at);
+    const I hi = second != nullptr ? _mm512_loadu_si512(second + at) : _mm512_setzero_si512();
+    float* even = panel + k * kNr;
+    store(even, _mm512_castsi512_ps(_mm512_slli_epi32(lo, 16)));
+    store(even + 16, _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16)));
+    store(even + kNr, _mm512_castsi512_ps(_mm512_and_si512(lo, high_half)));
+    store(even + kNr + 16, _mm512_castsi512_ps(_mm512_and_si512(hi, high_half)));
   }
-  for (std::int64_t k0 = 0; k0 < g.k; k0 += kKc) {
-    const std::int64_t kc = g.k - k0 < kKc ? g.k - k0 : kKc;
-    const bool load_c = g.accumulate || k0 > 0;
-    for (std::int64_t n0 = 0; n0 < g.n; n0 += kNr) {
-      const std::int64_t nvalid = g.n - n0 < kNr ? g.n - n0 : kNr;
-      pack_panel<T>(g.b, n0, nvalid, k0, kc, panel);
-      for (std::int64_t m0 = 0; m0 < g.m; m0 += kMr) {
-        const std::int64_t rows = g.m - m0 < kMr ? g.m - m0 : kMr;
-        micro_rows(rows, g.a + m0 * g.lda + k0, g.lda, panel, kc, g.c + m0 * g.ldc + n0, g.ldc, load_c, nvalid);
-      }
-    }
-  }
+}
+
+// C[m, n] (+)= A[m, k] W^T for a BF16 weight packed as pair tiles, starting at the panel of output
+// 0. The same blocks and micro-kernel as gemm_packed, so the same bits as the row-major weight.
+inline void gemm_pairs(const std::uint16_t* w, const float* a, std::int64_t lda, std::int64_t m, std::int64_t n,
+                       std::int64_t k, float* c, std::int64_t ldc, bool accumulate) {
+  if (m <= 0 || n <= 0) return;
+  const std::size_t panel_stride = pair_panel_elements(k);
+  const auto panel_of = [&](std::int64_t n0) { return w + static_cast<std::size_t>(n0 / kPairPanelWidth) * panel_stride; };
+  gemm_blocked(
+      a, lda, m, n, k, c, ldc, accumulate,
+      [&](std::int64_t n0, std::int64_t nvalid, std::int64_t k0, std::int64_t kc, float* panel) {
+        unpack_pair_panels(panel_of(n0), nvalid > kPairPanelWidth ? panel_of(n0 + kPairPanelWidth) : nullptr, k0, kc,
+                           panel);
+      },
+      [&](std::int64_t n0, std::int64_t nvalid, std::int64_t k0, std::int64_t kc) {
+        // The two panels of a block are one run each, panel_stride elements apart.
+        const std::size_t bytes = static_cast<std::size_t>((kc + 1) / 2 * 2 * kPairPanelWidth) * sizeof(std::uint16_t);
+        return PanelSource{reinterpret_cast<const std::byte*>(panel_of(n0) + k0 * kPairPanelWidth),
+                           nvalid > kPairPanelWidth ? 2 : 1, bytes, panel_stride * sizeof(std::uint16_t)};
+      });
 }
 
 // Up to 4 rows of A against [n, k] storage: each B row is read once, 4 rows at a time.

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Products of 4-bit integer weights (compressed-tensors pack-quantized, and GPTQ without
-// activation order; symmetric or asymmetric) with activations rounded to 8-bit integers: the fast precision on AVX2 CPUs without AMX
-// (docs/quantization.md, "The fast precision on AVX2").
+// activation order; symmetric or asymmetric) with activations rounded to 8-bit integers: the fast precision on AVX2 and AVX-512 CPUs without AMX
+// (docs/quantization.md, "The fast precision on AVX2"; the same AVX2 kernel on both).
 //
 // Why integers: at a 256-token canvas every expert serves tens of rows at once, so these products
 // are bound by arithmetic, and widening 4-bit weights to fp32 (the exact precision) can only add
