@@ -126,9 +126,10 @@ TEST_CASE("products with a weight match a double-precision oracle on every kerne
       ctx.isa = isa;
       ctx.precision = precision;
       ctx.threads = 2;
-      // Exact: fp32 accumulation, error ~ sqrt(k) ulp of sum |a b|. Fast on AMX: a and b rounded to
-      // bf16 (2^-9 relative each), so up to ~2^-8 of sum |a b|.
-      const double tolerance = ctx.bf16_tiles() ? 6e-3 : 1e-5;
+      // Exact: fp32 accumulation, error ~ sqrt(k) ulp of sum |a b|. Fast on AMX or AVX512-BF16 (the
+      // row-major matrices included): a and b rounded to bf16 (2^-9 relative each), so up to ~2^-8
+      // of sum |a b|.
+      const double tolerance = ctx.bf16_tiles() || ctx.bf16_dots() ? 6e-3 : 1e-5;
       for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
         for (const Size& s : sizes) {
           for (bool transposed : {false, true}) {
@@ -384,6 +385,88 @@ TEST_CASE("fast precision on AVX512-BF16: fp32 sums of bf16-rounded activations 
         std::vector<float> alone(before.begin() + last * ldy, before.begin() + (last + 1) * ldy);
         cpu::linear(ctx, packed, x.data() + last * ldx, ldx, 1, alone.data(), ldy, accumulate);
         CHECK(std::equal(alone.begin(), alone.end(), y.begin() + last * ldy));
+      }
+    }
+  }
+}
+
+TEST_CASE("fast precision on AVX512-BF16: the row-major products of the vocabulary pass", "[cpu][kernels][tiles]") {
+  // The LM head (x E^T, directly and from activations prepared once) and the soft embedding (P E)
+  // read the embedding in its rows: fp32 sums of the bf16-rounded inputs, the same bits at any
+  // thread count and for a row alone.
+  if (!cpu::cpu_features().avx512bf16) {
+    WARN("no AVX512-BF16 on this CPU: the bf16 dot-product kernels are not run here");
+    return;
+  }
+  std::mt19937 rng(53);
+  cpu::KernelContext ctx;
+  ctx.isa = cpu::Isa::kAvx512;
+  ctx.precision = cpu::Precision::kFast;
+  ctx.threads = 2;
+  REQUIRE(ctx.bf16_dots());
+  struct Size {
+    std::int64_t m, n, k;
+  };
+  // Rows below, at and past the 16-row panels and the 32-row pairs of panels; weight rows past 8
+  // and 16; odd depths (a BF16 row's last pair is then staged); depths across the 1024-row slabs
+  // of the soft embedding; a misaligned BF16 table.
+  const Size sizes[] = {{1, 5, 7},     {3, 16, 1},     {16, 9, 64},    {17, 33, 33},   {31, 100, 257},
+                        {40, 300, 701}, {33, 48, 2500}, {70, 70, 96}, {100, 17, 1024}};
+  for (DType dtype : {DType::kBF16, DType::kF32, DType::kF16}) {
+    for (const Size& s : sizes) {
+      for (bool transposed : {false, true}) {
+        // W is [n, k] for x W^T, [k, n] for x W.
+        const TestWeight w = transposed ? make_weight(dtype, s.k, s.n, rng, 1, 2) : make_weight(dtype, s.n, s.k, rng, 1, 2);
+        const auto weight = [&](std::int64_t j, std::int64_t kk) {
+          return bfloat16::from_float(static_cast<float>(transposed ? w.values[kk * s.n + j] : w.values[j * s.k + kk])).to_float();
+        };
+        const std::int64_t ldx = s.k + 3, ldy = s.n + 5;
+        const auto x = random_floats(static_cast<std::size_t>(s.m * ldx), rng);
+        for (bool accumulate : {false, true}) {
+          INFO(dtype_label(dtype) << (transposed ? " x W" : " x W^T") << " m " << s.m << " n " << s.n << " k " << s.k
+                                  << (accumulate ? " accumulate" : ""));
+          auto y = random_floats(static_cast<std::size_t>(s.m * ldy), rng);
+          std::vector<double> want(y.begin(), y.end()), scale(y.size(), 1.0);
+          for (std::int64_t i = 0; i < s.m; ++i) {
+            for (std::int64_t j = 0; j < s.n; ++j) {
+              double sum = accumulate ? y[i * ldy + j] : 0.0, mag = std::abs(sum);
+              for (std::int64_t kk = 0; kk < s.k; ++kk) {
+                const double p = static_cast<double>(bfloat16::from_float(x[i * ldx + kk]).to_float()) * weight(j, kk);
+                sum += p;
+                mag += std::abs(p);
+              }
+              want[i * ldy + j] = sum;
+              scale[i * ldy + j] = mag;
+            }
+          }
+          const auto product = [&](const cpu::KernelContext& c, std::int64_t rows, std::int64_t first, float* out) {
+            if (transposed) {
+              cpu::linear_transposed(c, w.view, x.data() + first * ldx, ldx, rows, out, ldy, accumulate);
+            } else {
+              cpu::linear(c, w.view, x.data() + first * ldx, ldx, rows, out, ldy, accumulate);
+            }
+          };
+          const auto before = y;
+          product(ctx, s.m, 0, y.data());
+          CHECK(worst_relative(y, want, scale) < 1e-5);
+          auto serial = before;
+          cpu::KernelContext one = ctx;
+          one.threads = 1;
+          product(one, s.m, 0, serial.data());
+          CHECK(serial == y);
+          const std::int64_t last = s.m - 1;
+          std::vector<float> alone(before.begin() + last * ldy, before.begin() + (last + 1) * ldy);
+          product(ctx, 1, last, alone.data());
+          CHECK(std::equal(alone.begin(), alone.end(), y.begin() + last * ldy));
+          if (!transposed) {  // the LM head's form: activations prepared once, the product on one thread
+            cpu::PackedActivations prepared;
+            prepared.pack(ctx, x.data(), ldx, s.m, s.k);
+            CHECK(prepared.pairs() != nullptr);
+            auto again = before;
+            cpu::linear(ctx, w.view, prepared, again.data(), ldy, accumulate);
+            CHECK(again == y);
+          }
+        }
       }
     }
   }

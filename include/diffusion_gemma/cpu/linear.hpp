@@ -9,9 +9,9 @@
 //   exact  fp32 activations and accumulation; BF16/F16 weights widened exactly in registers. The
 //          products every parity test holds to (bitwise equal between the AVX2 and AVX-512 paths).
 //   fast   on CPUs with AMX: activations rounded to bf16, fp32 accumulation on the tiles. On
-//          AVX-512 CPUs with AVX512-BF16 and no AMX: the same matrices, packed as bf16 pair tiles,
-//          multiply activations rounded to bf16 with dot products (cpu/kernels/avx512_bf16.hpp),
-//          twice the fp32 rate on a Zen 4. On AVX2 and AVX-512 CPUs: 4-bit integer weights
+//          AVX-512 CPUs with AVX512-BF16 and no AMX: the same products (the packed matrices, the LM
+//          head and the soft embedding over the embedding's rows) multiply activations rounded to
+//          bf16 with dot products (cpu/kernels/avx512_bf16.hpp), twice the fp32 rate on a Zen 4. On AVX2 and AVX-512 CPUs: 4-bit integer weights
 //          multiply activations rounded to 8-bit integers (cpu/kernels/int8_products.hpp). Every
 //          other product is exact, and so are products of at most 4 rows on AMX, which only
 //          stream the weight.
@@ -92,7 +92,7 @@ struct KernelContext {
     std::string s = std::string(isa_name(isa)) + ", " + precision_name(precision);
     if (precision == Precision::kFast) {
       if (bf16_tiles()) s += " (bf16 on AMX tiles)";
-      else if (bf16_dots()) s += " (bf16 dot products for the packed matrices, int8 activations x 4-bit weights; otherwise exact)";
+      else if (bf16_dots()) s += " (bf16 dot products for the dense matrices but the router, int8 activations x 4-bit weights; otherwise exact)";
       else if (isa == Isa::kAvx2) s += " (int8 activations x 4-bit weights; otherwise exact)";
       else if (isa == Isa::kAvx512) s += " (int8 activations x 4-bit weights; otherwise exact: no AVX512-BF16)";
       else s += " (= exact)";
@@ -161,6 +161,11 @@ void over_columns(const KernelContext& ctx, std::int64_t m, std::int64_t n, std:
 inline constexpr std::int64_t kStreamRows = 4;
 inline bool tiles_for(const KernelContext& ctx, std::int64_t m) {
   return ctx.bf16_tiles() && (ctx.row_invariant || m > kStreamRows);
+}
+// The same rule for the AVX512-BF16 products of row-major matrices (the LM head and the soft
+// embedding), whose lanes run over 16 rows of x.
+inline bool dots_for(const KernelContext& ctx, std::int64_t m) {
+  return ctx.bf16_dots() && (ctx.row_invariant || m > kStreamRows);
 }
 
 #if DG_X86_KERNELS
@@ -331,12 +336,24 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
     });
     return;
   }
+  if (detail::dots_for(ctx, m)) {  // a row-major matrix (the embedding as LM head): x as pair tiles of 16 rows
+    std::uint16_t* xp = kernels::scratch<std::uint16_t, 4>(kernels::amx::packed_size(m, k));
+    kernels::avx512_bf16::pack_activations_pairs(x, ldx, m, k, xp);
+    detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
+      const kernels::Gemm part = g.columns(n0, n1);
+      detail::with_bf16_dtype(w.dtype, [&](auto t) {
+        kernels::avx512_bf16::xwt<decltype(t)::value>(part.b, xp, m, k, n1 - n0, part.c, ldy, accumulate);
+      });
+    });
+    return;
+  }
 #endif
   detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) { detail::gemm_exact(ctx, g.columns(n0, n1)); });
 }
 
 // Activations prepared once for several products with weights of the same width (the LM head's
-// hidden states against every vocabulary tile): bf16 pair tiles on AMX, the fp32 rows otherwise.
+// hidden states against every vocabulary tile): bf16 pair tiles where the fast precision has bf16
+// products (AMX tiles, AVX512-BF16 dot products), the fp32 rows otherwise.
 class PackedActivations {
  public:
   void pack(const KernelContext& ctx, const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k) {
@@ -345,9 +362,9 @@ class PackedActivations {
     m_ = m;
     k_ = k;
 #if DG_X86_KERNELS
-    if (detail::tiles_for(ctx, m)) {
+    if (detail::tiles_for(ctx, m) || detail::dots_for(ctx, m)) {
       pairs_.resize(kernels::amx::packed_size(m, k));
-      kernels::amx::pack_activations_pairs(x, ldx, m, k, pairs_.data());
+      kernels::avx512_bf16::pack_activations_pairs(x, ldx, m, k, pairs_.data());
       return;
     }
 #endif
@@ -373,6 +390,13 @@ inline void linear(const KernelContext& ctx, const Weight& w, const PackedActiva
     const kernels::MatrixB b = detail::matrix_of(w, kernels::BForm::kNK);
     detail::with_bf16_dtype(w.dtype, [&](auto t) {
       kernels::amx::xwt<decltype(t)::value>(b, x.pairs(), x.m(), w.cols(), w.rows(), y, ldy, accumulate);
+    });
+    return;
+  }
+  if (ctx.bf16_dots() && x.pairs() != nullptr && w.is_dense()) {
+    const kernels::MatrixB b = detail::matrix_of(w, kernels::BForm::kNK);
+    detail::with_bf16_dtype(w.dtype, [&](auto t) {
+      kernels::avx512_bf16::xwt<decltype(t)::value>(b, x.pairs(), x.m(), w.cols(), w.rows(), y, ldy, accumulate);
     });
     return;
   }
@@ -407,6 +431,15 @@ inline void linear_transposed(const KernelContext& ctx, const Weight& w, const f
       detail::with_bf16_dtype(w.dtype, [&](auto t) {
         kernels::amx::xw<decltype(t)::value>(part.b, xa, m, k, n1 - n0, part.c, ldy, accumulate);
       });
+    });
+    return;
+  }
+  if (detail::dots_for(ctx, m)) {
+    namespace dots = kernels::avx512_bf16;
+    std::uint32_t* xa = kernels::scratch<std::uint32_t, 1>(static_cast<std::size_t>(m * dots::activation_pairs(k)));
+    dots::pack_activations(x, ldx, m, k, xa);
+    detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
+      detail::with_bf16_dtype(w.dtype, [&](auto t) { dots::xw<decltype(t)::value>(g.b, xa, m, k, n, n0, n1, y, ldy, accumulate); });
     });
     return;
   }

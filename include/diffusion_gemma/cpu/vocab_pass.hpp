@@ -6,7 +6,8 @@
 //
 // Both products go through cpu/linear.hpp with the embedding table as the weight, read in place
 // in its stored dtype: the LM head is linear() over a tile of E's rows, the soft embedding is
-// linear_transposed() (P E_tile). In the fast precision on AMX both run on bf16 tiles.
+// linear_transposed() (P E_tile). In the fast precision both take bf16 products: AMX tiles, or
+// AVX512-BF16 dot products on AVX-512 CPUs without AMX.
 //
 // Sampling is exact and parallel-friendly: the vocabulary is cut into fixed chunks of
 // kSampleChunk ids; a chunk is chosen by Gumbel-max over the chunk log-masses and a token inside

@@ -27,6 +27,7 @@
 #include <diffusion_gemma/core/bfloat16.hpp>
 #include <diffusion_gemma/cpu/isa.hpp>
 #include <diffusion_gemma/cpu/kernels/avx512.hpp>
+#include <diffusion_gemma/cpu/kernels/avx512_bf16.hpp>
 #include <diffusion_gemma/cpu/kernels/operands.hpp>
 
 #if DG_X86_KERNELS
@@ -41,6 +42,13 @@ inline std::size_t packed_size(std::int64_t m, std::int64_t k) {
 }
 
 DG_BEGIN_TARGET_AMX
+
+// The bf16 operand layouts this file shares with the AVX512-BF16 dot products.
+using avx512_bf16::build_pair_tile;
+using avx512_bf16::load_bf16x16_wide;
+using avx512_bf16::load_bf16x32;
+using avx512_bf16::pack_activations_pairs;
+using avx512_bf16::store_transposed;
 
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;
@@ -57,52 +65,6 @@ inline void configure() {
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);
-}
-
-// 32 consecutive elements (the first `count`, the rest 0) as 32 bf16 in one vector.
-template <DType T>
-inline __m512i load_bf16x32(const std::byte* p, std::int64_t count) {
-  using avx512::lanes;
-  if constexpr (T == DType::kBF16) {
-    const __mmask32 m = count >= 32 ? 0xFFFFFFFFu : count <= 0 ? 0u : static_cast<__mmask32>((1ull << count) - 1u);
-    return _mm512_maskz_loadu_epi16(m, p);
-  } else {
-    const __m512 lo = avx512::load_widen<T>(p, count);
-    const __m512 hi = count > 16 ? avx512::load_widen<T>(p + 16 * dtype_size(T), count - 16) : _mm512_setzero_ps();
-    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-  }
-}
-
-// 16 consecutive elements as bf16, each in the low half of a 32-bit lane.
-template <DType T>
-inline __m512i load_bf16x16_wide(const std::byte* p, std::int64_t count) {
-  if constexpr (T == DType::kBF16) {
-    return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(avx512::lanes(count), p));
-  } else {
-    const __m256bh h = _mm512_cvtneps_pbh(avx512::load_widen<T>(p, count));
-    return _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(h));
-  }
-}
-
-// x [m, k] fp32 -> B tiles: tile (mb, kb) holds, in row p and 32-bit column t, the pair
-// (x[16 mb + t][32 kb + 2p], x[16 mb + t][32 kb + 2p + 1]); zeros outside x.
-inline void pack_activations_pairs(const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k,
-                                   std::uint16_t* out) {
-  const std::int64_t mb_count = (m + 15) / 16, kb_count = (k + 31) / 32;
-  for (std::int64_t mb = 0; mb < mb_count; ++mb) {
-    for (std::int64_t kb = 0; kb < kb_count; ++kb) {
-      __m512 r[16];
-      for (int t = 0; t < 16; ++t) {
-        const std::int64_t row = mb * 16 + t;
-        r[t] = row < m ? _mm512_castsi512_ps(load_bf16x32<DType::kF32>(
-                             reinterpret_cast<const std::byte*>(x + row * ldx + kb * 32), k - kb * 32))
-                       : _mm512_setzero_ps();
-      }
-      avx512::transpose16(r);
-      std::uint16_t* tile = out + (mb * kb_count + kb) * 512;
-      for (int p = 0; p < 16; ++p) _mm512_storeu_ps(reinterpret_cast<float*>(tile + p * 32), r[p]);
-    }
-  }
 }
 
 // x [m, k] fp32 -> the A operand: bf16 rows, zero padded, cut into 16 x 32 tiles stored whole
@@ -125,20 +87,6 @@ inline void pack_activations_rows(const float* x, std::int64_t ldx, std::int64_t
 // Tile (mb, kb) of an A operand from pack_activations_rows; load it with a 64-byte row stride.
 inline const std::uint16_t* a_tile(const std::uint16_t* a, std::int64_t mb, std::int64_t kb, std::int64_t kb_count) {
   return a + (mb * kb_count + kb) * 512;
-}
-
-// y[t][n0 + i] (+)= tile[i][t] for i < ni, t < nt (tile: 16 x 16 fp32, rows = output columns).
-inline void store_transposed(const float* tile, std::int64_t ni, std::int64_t nt, float* y, std::int64_t ldy,
-                             bool accumulate) {
-  __m512 r[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(tile + i * 16);
-  avx512::transpose16(r);
-  const __mmask16 m = avx512::lanes(ni);
-  for (std::int64_t t = 0; t < nt; ++t) {
-    float* dst = y + t * ldy;
-    const __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst), r[t]) : r[t];
-    _mm512_mask_storeu_ps(dst, m, v);
-  }
 }
 
 // 32 rows of W (from row n0, `rows` of them) as bf16 [32][kp], zero outside W.
@@ -342,21 +290,6 @@ inline void xw_packed(const std::uint16_t* wp, const std::uint16_t* xa, std::int
     }
   }
   _tile_release();
-}
-
-// One B tile from B [k, n] rows (BForm::kKN): row p, 32-bit column j holds (B[32 kb + 2p][c0 + j],
-// B[32 kb + 2p + 1][c0 + j]); zeros outside B.
-template <DType T>
-inline void build_pair_tile(const MatrixB& b, std::int64_t k, std::int64_t n, std::int64_t kb, std::int64_t c0,
-                            std::uint16_t* tile) {
-  const std::int64_t count = n - c0 < 16 ? n - c0 : 16;
-  const std::size_t off = static_cast<std::size_t>(c0) * dtype_size(T);
-  for (int p = 0; p < 16; ++p) {
-    const std::int64_t r0 = kb * 32 + 2 * p;
-    const __m512i lo = r0 < k ? load_bf16x16_wide<T>(b.row(r0) + off, count) : _mm512_setzero_si512();
-    const __m512i hi = r0 + 1 < k ? load_bf16x16_wide<T>(b.row(r0 + 1) + off, count) : _mm512_setzero_si512();
-    _mm512_storeu_si512(tile + p * 32, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-  }
 }
 
 // Every B tile of B [k, n] (fp32 rows), tile (kb, nb) at (kb * ceil(n / 16) + nb) * 512: the
