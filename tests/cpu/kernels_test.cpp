@@ -472,6 +472,56 @@ TEST_CASE("fast precision on AVX512-BF16: the row-major products of the vocabula
   }
 }
 
+TEST_CASE("attention's activation products match a double-precision oracle on every kernel family",
+          "[cpu][kernels]") {
+  // matmul_nt (scores: q K^T) and matmul_nn (probabilities x values), fp32 operands with padded
+  // strides; in the fast precision with bf16 products both operands are rounded to bf16.
+  std::mt19937 rng(59);
+  struct Size {
+    std::int64_t m, n, k;
+  };
+  const Size sizes[] = {{1, 7, 5}, {16, 40, 128}, {37, 300, 64}, {64, 129, 256}, {20, 1100, 33}};
+  for (cpu::Isa isa : runnable_isas()) {
+    for (cpu::Precision precision : {cpu::Precision::kExact, cpu::Precision::kFast}) {
+      cpu::KernelContext ctx;
+      ctx.isa = isa;
+      ctx.precision = precision;
+      const double tolerance = ctx.bf16_tiles() || ctx.bf16_dots() ? 6e-3 : 1e-5;
+      for (const Size& s : sizes) {
+        for (bool nn : {false, true}) {
+          for (bool accumulate : {false, true}) {
+            INFO(cpu::isa_name(isa) << " " << cpu::precision_name(precision) << (nn ? " a b" : " a b^T") << " m " << s.m
+                                    << " n " << s.n << " k " << s.k << (accumulate ? " accumulate" : ""));
+            const std::int64_t lda = s.k + 1, ldb = (nn ? s.n : s.k) + 3, ldc = s.n + 2;
+            const auto a = random_floats(static_cast<std::size_t>(s.m * lda), rng);
+            const auto b = random_floats(static_cast<std::size_t>((nn ? s.k : s.n) * ldb), rng);
+            auto c = random_floats(static_cast<std::size_t>(s.m * ldc), rng);
+            std::vector<double> want(c.begin(), c.end()), scale(c.size(), 1.0);
+            for (std::int64_t i = 0; i < s.m; ++i) {
+              for (std::int64_t j = 0; j < s.n; ++j) {
+                double sum = accumulate ? c[i * ldc + j] : 0.0, mag = std::abs(sum);
+                for (std::int64_t kk = 0; kk < s.k; ++kk) {
+                  const double p = static_cast<double>(a[i * lda + kk]) * (nn ? b[kk * ldb + j] : b[j * ldb + kk]);
+                  sum += p;
+                  mag += std::abs(p);
+                }
+                want[i * ldc + j] = sum;
+                scale[i * ldc + j] = mag;
+              }
+            }
+            if (nn) {
+              cpu::matmul_nn(ctx, a.data(), lda, b.data(), ldb, c.data(), ldc, s.m, s.n, s.k, accumulate);
+            } else {
+              cpu::matmul_nt(ctx, a.data(), lda, b.data(), ldb, c.data(), ldc, s.m, s.n, s.k, accumulate);
+            }
+            CHECK(worst_relative(c, want, scale) < tolerance);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("the weight prefetcher requests every line of a block once, spread over the steps", "[cpu][kernels]") {
   // Runs of 40 bytes, 100 apart, from an address 24 bytes into a line: runs cross line boundaries.
   alignas(64) static std::byte memory[4096];

@@ -22,7 +22,7 @@
 // part by part into their columns of y.
 //
 // matmul_nt / matmul_nn are the products of two activations (attention scores and values), with the
-// same choice of kernels (bf16 tiles in the fast precision on AMX, fp32 otherwise).
+// same choice of kernels (bf16 tiles or dot products in the fast precision, fp32 otherwise).
 #pragma once
 
 #include <algorithm>
@@ -499,7 +499,8 @@ inline kernels::Gemm activation_product(const float* a, std::int64_t lda, const 
 }  // namespace detail
 
 // c[m, n] (+)= a[m, k] b[n, k]^T for two fp32 activations (attention scores), on the calling
-// thread. In the fast precision on AMX both operands are rounded to bf16 on the way to the tiles.
+// thread. In the fast precision (AMX tiles, AVX512-BF16 dot products) both operands are rounded to
+// bf16 on the way.
 inline void matmul_nt(const KernelContext& ctx, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                       float* c, std::int64_t ldc, std::int64_t m, std::int64_t n, std::int64_t k,
                       bool accumulate = false) {
@@ -511,12 +512,18 @@ inline void matmul_nt(const KernelContext& ctx, const float* a, std::int64_t lda
     kernels::amx::xwt<DType::kF32>(g.b, xp, m, k, n, c, ldc, accumulate);
     return;
   }
+  if (detail::dots_for(ctx, m) && n > 0) {
+    std::uint16_t* xp = kernels::scratch<std::uint16_t, 6>(kernels::amx::packed_size(m, k));
+    kernels::avx512_bf16::pack_activations_pairs(a, lda, m, k, xp);
+    kernels::avx512_bf16::xwt<DType::kF32>(g.b, xp, m, k, n, c, ldc, accumulate);
+    return;
+  }
 #endif
   detail::gemm_exact(ctx, g);
 }
 
 // c[m, n] (+)= a[m, k] b[k, n] for two fp32 activations (attention probabilities x values), on
-// the calling thread; bf16 tiles in the fast precision on AMX.
+// the calling thread; bf16 products in the fast precision, as matmul_nt.
 inline void matmul_nn(const KernelContext& ctx, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                       float* c, std::int64_t ldc, std::int64_t m, std::int64_t n, std::int64_t k,
                       bool accumulate = false) {
@@ -526,6 +533,13 @@ inline void matmul_nn(const KernelContext& ctx, const float* a, std::int64_t lda
     std::uint16_t* xa = kernels::scratch<std::uint16_t, 7>(kernels::amx::packed_size(m, k));
     kernels::amx::pack_activations_rows(a, lda, m, k, xa);
     kernels::amx::xw<DType::kF32>(g.b, xa, m, k, n, c, ldc, accumulate);
+    return;
+  }
+  if (detail::dots_for(ctx, m) && n > 0) {
+    namespace dots = kernels::avx512_bf16;
+    std::uint32_t* xa = kernels::scratch<std::uint32_t, 4>(static_cast<std::size_t>(m * dots::activation_pairs(k)));
+    dots::pack_activations(a, lda, m, k, xa);
+    dots::xw<DType::kF32>(g.b, xa, m, k, n, 0, n, c, ldc, accumulate);
     return;
   }
 #endif

@@ -114,28 +114,35 @@ inline void build_pair_tile(const MatrixB& b, std::int64_t k, std::int64_t n, st
   }
 }
 
-// x [m, k] fp32 -> out [m, activation_pairs(k)]: pair p of row i holds (bf16(x[i][2p]),
-// bf16(x[i][2p + 1])), the second 0 past the end of an odd k.
+constexpr int kMr = 12;                 // rows of the register tile (24 accumulators)
+constexpr int kNr = 32;                 // two pair-tile panels
+constexpr std::int64_t kKcPairs = 128;  // pairs of k per block: both panels' 16 KiB stay in L1
+
+// x [m, k] fp32 -> m x activation_pairs(k) pairs, (bf16(x[i][2p]), bf16(x[i][2p + 1])) (the
+// second 0 past the end of an odd k), in blocks of kKcPairs pairs: the block of pairs [p0, p0 +
+// pc) starts at p0 * m and holds each row's pc pairs in turn, so a register tile's rows are one
+// contiguous run (12 rows a whole row apart would fall on two L1 sets at depth 1024).
+inline std::uint32_t* activation_block(std::uint32_t* a, std::int64_t m, std::int64_t pairs, std::int64_t p, std::int64_t i) {
+  const std::int64_t p0 = p / kKcPairs * kKcPairs, pc = pairs - p0 < kKcPairs ? pairs - p0 : kKcPairs;
+  return a + p0 * m + i * pc + (p - p0);
+}
 inline void pack_activations(const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k, std::uint32_t* out) {
   const std::int64_t pairs = activation_pairs(k);
   for (std::int64_t i = 0; i < m; ++i) {
     const float* row = x + i * ldx;
-    std::uint16_t* dst = reinterpret_cast<std::uint16_t*>(out + i * pairs);
-    for (std::int64_t c = 0; c < 2 * pairs; c += 32) {
+    for (std::int64_t c = 0; c < 2 * pairs; c += 32) {  // 16 pairs, never across a block
+      auto* dst = reinterpret_cast<std::uint16_t*>(activation_block(out, m, pairs, c / 2, i));
       const std::int64_t count = k - c;
       const __m512 lo = _mm512_maskz_loadu_ps(lanes(count), row + c);
       const __m512 hi = _mm512_maskz_loadu_ps(lanes(count - 16), row + c + 16);
       const __m512i v = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
       const std::int64_t room = 2 * pairs - c;
       const __mmask32 m32 = room >= 32 ? 0xFFFFFFFFu : static_cast<__mmask32>((1ull << room) - 1u);
-      _mm512_mask_storeu_epi16(dst + c, m32, v);
+      _mm512_mask_storeu_epi16(dst, m32, v);
     }
   }
 }
 
-constexpr int kMr = 12;              // rows of the register tile (24 accumulators)
-constexpr int kNr = 32;              // two pair-tile panels
-constexpr std::int64_t kKcPairs = 128;  // pairs of k per block: both panels' 16 KiB stay in L1
 
 // C[MR x 32] (+)= A[MR, pairs p0..p0+pc) W^T over the panels `first` and `second` (the same
 // pointer when only the first exists; its columns are then masked off).
@@ -187,9 +194,9 @@ inline void micro_rows(std::int64_t rows, const std::uint32_t* a, std::int64_t l
 }
 
 // C[m, n] (+)= A W^T for a weight [n, k] packed as pair tiles, starting at the panel of output 0,
-// with A packed by pack_activations (rows `lda` pairs apart).
-inline void gemm_pairs(const std::uint16_t* w, const std::uint32_t* a, std::int64_t lda, std::int64_t m, std::int64_t n,
-                       std::int64_t k, float* c, std::int64_t ldc, bool accumulate) {
+// with A packed by pack_activations.
+inline void gemm_pairs(const std::uint16_t* w, const std::uint32_t* a, std::int64_t m, std::int64_t n, std::int64_t k,
+                       float* c, std::int64_t ldc, bool accumulate) {
   if (m <= 0 || n <= 0) return;
   const std::int64_t pairs = activation_pairs(k);
   const std::size_t panel_stride = pair_panel_elements(k);
@@ -202,22 +209,22 @@ inline void gemm_pairs(const std::uint16_t* w, const std::uint32_t* a, std::int6
   for (std::int64_t p0 = 0; p0 < pairs; p0 += kKcPairs) {
     const std::int64_t pc = pairs - p0 < kKcPairs ? pairs - p0 : kKcPairs;
     const bool load_c = accumulate || p0 > 0;
+    const std::uint32_t* block = a + p0 * m;
     for (std::int64_t n0 = 0; n0 < n; n0 += kNr) {
       const std::int64_t nvalid = n - n0 < kNr ? n - n0 : kNr;
       const std::uint16_t* first = w + static_cast<std::size_t>(n0 / kPairPanelWidth) * panel_stride +
                                    static_cast<std::size_t>(p0 * 2 * kPairPanelWidth);
       const std::uint16_t* second = nvalid > kPairPanelWidth ? first + panel_stride : first;
-      for (std::int64_t m0 = 0; m0 < m; m0 += kMr) {
-        const std::int64_t rows = m - m0 < kMr ? m - m0 : kMr;
-        micro_rows(rows, a + m0 * lda + p0, lda, first, second, pc, c + m0 * ldc + n0, ldc, load_c, nvalid);
+      // Rows dealt evenly over the fewest tiles (64 rows: 11+11+11+11+10+10, not 5 x 12 + 4): a
+      // tile of few rows has too few chains to hide the dot product's latency.
+      const std::int64_t tiles = (m + kMr - 1) / kMr, base = m / tiles, extra = m % tiles;
+      for (std::int64_t t = 0, m0 = 0; t < tiles; ++t) {
+        const std::int64_t rows = base + (t < extra ? 1 : 0);
+        micro_rows(rows, block + m0 * pc, pc, first, second, pc, c + m0 * ldc + n0, ldc, load_c, nvalid);
+        m0 += rows;
       }
     }
   }
-}
-
-inline void gemm_pairs(const std::uint16_t* w, const std::uint32_t* a, std::int64_t m, std::int64_t n, std::int64_t k,
-                       float* c, std::int64_t ldc, bool accumulate) {
-  gemm_pairs(w, a, activation_pairs(k), m, n, k, c, ldc, accumulate);
 }
 
 // ---- xwt: y = x W^T with W row-major ----
@@ -307,16 +314,17 @@ inline void xwt(const MatrixB& w, const std::uint16_t* xp, std::int64_t m, std::
 
 // ---- xw: y = x B with B row-major ----
 
-constexpr std::int64_t kXwDepth = 1024;  // rows of B per pair-tile slab: 2 panels x 512 pairs = 64 KiB
+constexpr std::int64_t kXwDepth = 1024;
+static_assert(kXwDepth / 2 % kKcPairs == 0, "a slab of B must start a block of the packed activations");  // rows of B per pair-tile slab: 2 panels x 512 pairs = 64 KiB
 
-// y[m, n0..n1) (+)= x B for B [k, n] (BForm::kKN, any dtype), x packed by pack_activations (rows
-// activation_pairs(k) pairs apart); n0 a multiple of 32. Per 32 columns and kXwDepth rows of B,
+// y[m, n0..n1) (+)= x B for B [k, n] (BForm::kKN, any dtype), x packed by pack_activations; n0 a
+// multiple of 32. (kXwDepth / 2 is a multiple of kKcPairs: the pairs of each slab's rows are a
+// pack_activations layout of their own, from (k0 / 2) * m.) Per 32 columns and kXwDepth rows of B,
 // the pair tiles of B^T are built (rounded to bf16) and every row of x passes over them.
 template <DType T>
 inline void xw(const MatrixB& b, const std::uint32_t* xa, std::int64_t m, std::int64_t k, std::int64_t n,
                std::int64_t n0, std::int64_t n1, float* y, std::int64_t ldy, bool accumulate) {
   if (m <= 0 || n1 <= n0) return;
-  const std::int64_t lda = activation_pairs(k);
   auto* slab = scratch<std::uint16_t, 11>(2 * pair_panel_elements(kXwDepth));
   for (std::int64_t c0 = n0; c0 < n1; c0 += kNr) {
     const std::int64_t cols = n1 - c0 < kNr ? n1 - c0 : kNr;
@@ -329,7 +337,7 @@ inline void xw(const MatrixB& b, const std::uint32_t* xa, std::int64_t m, std::i
         build_pair_tile<T>(part, kc, n, kb, c0, slab + kb * 512);
         if (cols > 16) build_pair_tile<T>(part, kc, n, kb, c0 + 16, slab + panel + kb * 512);
       }
-      gemm_pairs(slab, xa + k0 / 2, lda, m, cols, kc, y + c0, ldy, accumulate || k0 > 0);
+      gemm_pairs(slab, xa + k0 / 2 * m, m, cols, kc, y + c0, ldy, accumulate || k0 > 0);
     }
   }
 }
