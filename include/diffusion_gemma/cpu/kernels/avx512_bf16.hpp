@@ -193,6 +193,19 @@ inline void micro_rows(std::int64_t rows, const std::uint32_t* a, std::int64_t l
   }
 }
 
+// Where the weights of one block of gemm_pairs lie: pairs [p0, p0 + kKcPairs) of the panels of
+// outputs n0 and n0 + 16 (when there is a second), one run each.
+inline PanelSource pair_block_source(const std::uint16_t* w, std::int64_t n, std::int64_t k, std::int64_t n0,
+                                     std::int64_t p0) {
+  const std::int64_t pairs = activation_pairs(k), pc = pairs - p0 < kKcPairs ? pairs - p0 : kKcPairs;
+  const std::size_t panel_stride = pair_panel_elements(k);
+  const std::uint16_t* first = w + static_cast<std::size_t>(n0 / kPairPanelWidth) * panel_stride +
+                               static_cast<std::size_t>(p0 * 2 * kPairPanelWidth);
+  return PanelSource{reinterpret_cast<const std::byte*>(first), n - n0 > kPairPanelWidth ? 2 : 1,
+                     static_cast<std::size_t>(pc) * 2 * kPairPanelWidth * sizeof(std::uint16_t),
+                     panel_stride * sizeof(std::uint16_t)};
+}
+
 // C[m, n] (+)= A W^T for a weight [n, k] packed as pair tiles, starting at the panel of output 0,
 // with A packed by pack_activations.
 inline void gemm_pairs(const std::uint16_t* w, const std::uint32_t* a, std::int64_t m, std::int64_t n, std::int64_t k,
@@ -206,6 +219,11 @@ inline void gemm_pairs(const std::uint16_t* w, const std::uint32_t* a, std::int6
         for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
     return;
   }
+  // Rows dealt evenly over the fewest tiles (64 rows: 11+11+11+11+10+10, not 5 x 12 + 4): a tile
+  // of few rows has too few chains to hide the dot product's latency.
+  const std::int64_t tiles = (m + kMr - 1) / kMr, base = m / tiles, extra = m % tiles;
+  const std::int64_t blocks = (n + kNr - 1) / kNr;
+  PanelPrefetcher prefetch;
   for (std::int64_t p0 = 0; p0 < pairs; p0 += kKcPairs) {
     const std::int64_t pc = pairs - p0 < kKcPairs ? pairs - p0 : kKcPairs;
     const bool load_c = accumulate || p0 > 0;
@@ -215,11 +233,13 @@ inline void gemm_pairs(const std::uint16_t* w, const std::uint32_t* a, std::int6
       const std::uint16_t* first = w + static_cast<std::size_t>(n0 / kPairPanelWidth) * panel_stride +
                                    static_cast<std::size_t>(p0 * 2 * kPairPanelWidth);
       const std::uint16_t* second = nvalid > kPairPanelWidth ? first + panel_stride : first;
-      // Rows dealt evenly over the fewest tiles (64 rows: 11+11+11+11+10+10, not 5 x 12 + 4): a
-      // tile of few rows has too few chains to hide the dot product's latency.
-      const std::int64_t tiles = (m + kMr - 1) / kMr, base = m / tiles, extra = m % tiles;
+      const std::int64_t ahead = n0 / kNr + kPrefetchAhead, next_p0 = p0 + ahead / blocks * kKcPairs;
+      // The weights of the block kPrefetchAhead ahead are requested while this one is computed, as
+      // the fp32 families request theirs (operands.hpp: blocked_product).
+      prefetch.start(next_p0 < pairs ? pair_block_source(w, n, k, ahead % blocks * kNr, next_p0) : PanelSource{}, tiles);
       for (std::int64_t t = 0, m0 = 0; t < tiles; ++t) {
         const std::int64_t rows = base + (t < extra ? 1 : 0);
+        prefetch.step();
         micro_rows(rows, block + m0 * pc, pc, first, second, pc, c + m0 * ldc + n0, ldc, load_c, nvalid);
         m0 += rows;
       }
