@@ -877,7 +877,7 @@ struct Int8Reference {
     a.m = m;
     a.k = q.cols;
     a.chunks = chunks;
-    i8::product_columns(q, a, 0, q.rows, y, ldy, accumulate, /*vector=*/false);
+    i8::product_columns(q, a, 0, q.rows, y, ldy, accumulate, i8::Form::kScalar);
   }
 };
 
@@ -959,7 +959,8 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
             std::vector<float> alone(static_cast<std::size_t>(ldy));
             cpu::linear(ctx, w, x.data() + (M - 1) * ldx, ldx, 1, alone.data(), ldy);
             CHECK(std::memcmp(alone.data(), want.data() + (M - 1) * ldy, static_cast<std::size_t>(rows) * 4) == 0);
-            // An AVX-512 engine takes the same products (measured faster there than dequantised fp32).
+            // An AVX-512 engine gives the same bits: vpdpbusd where the CPU has AVX512-VNNI, else the
+            // AVX2 kernel.
             if (cpu::cpu_features().best() >= cpu::Isa::kAvx512) {
               cpu::KernelContext wide = ctx;
               wide.isa = cpu::Isa::kAvx512;

@@ -44,6 +44,10 @@
   _Pragma(                                                                                        \
       "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq," \
       "avx512bf16\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AVX512VNNI                                                                \
+  _Pragma(                                                                                        \
+      "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq," \
+      "avx512vnni\"))), apply_to = function)")
 #define DG_BEGIN_TARGET_AMX                                                                                  \
   _Pragma(                                                                                                   \
       "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,"       \
@@ -64,6 +68,10 @@
 #define DG_BEGIN_TARGET_AVX512BF16                                                                 \
   _Pragma("GCC push_options")                                                                      \
       _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16\")") \
+          DG_GCC_KERNEL_DIAGNOSTICS
+#define DG_BEGIN_TARGET_AVX512VNNI                                                                 \
+  _Pragma("GCC push_options")                                                                      \
+      _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni\")") \
           DG_GCC_KERNEL_DIAGNOSTICS
 #define DG_BEGIN_TARGET_AMX                                                                                    \
   _Pragma("GCC push_options")                                                                                 \
@@ -111,6 +119,7 @@ inline bool parse_isa(const std::string& s, Isa* out) {
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512bf16 = false;
+  bool avx512vnni = false;
   bool amx_tile = false, amx_bf16 = false;
   bool os_avx = false, os_avx512 = false, os_amx = false;  // register state enabled by the OS (XCR0)
   bool amx_permitted = false;                              // Linux granted the tile data state
@@ -139,6 +148,7 @@ struct CpuFeatures {
     add(avx512vl, "avx512vl");
     add(avx512dq, "avx512dq");
     add(avx512bf16, "avx512bf16");
+    add(avx512vnni, "avx512vnni");
     add(amx_tile, "amx-tile");
     add(amx_bf16, "amx-bf16");
     if (amx_tile && !amx_permitted) s += " (amx: no kernel permission)";
@@ -179,6 +189,7 @@ inline CpuFeatures detect_features() {
     f.avx512dq = (b >> 17) & 1u;
     f.avx512bw = (b >> 30) & 1u;
     f.avx512vl = (b >> 31) & 1u;
+    f.avx512vnni = (c >> 11) & 1u;
     f.amx_bf16 = (d >> 22) & 1u;
     f.amx_tile = (d >> 24) & 1u;
     __get_cpuid_count(7, 1, &a, &b, &c, &d);

@@ -9,12 +9,13 @@
 //   exact  fp32 activations and accumulation; BF16/F16 weights widened exactly in registers. The
 //          products every parity test holds to (bitwise equal between the AVX2 and AVX-512 paths).
 //   fast   on CPUs with AMX: activations rounded to bf16, fp32 accumulation on the tiles. On
-//          AVX-512 CPUs with AVX512-BF16 and no AMX: the same products (the packed matrices, the LM
-//          head and the soft embedding over the embedding's rows) multiply activations rounded to
-//          bf16 with dot products (cpu/kernels/avx512_bf16.hpp), twice the fp32 rate on a Zen 4. On AVX2 and AVX-512 CPUs: 4-bit integer weights
-//          multiply activations rounded to 8-bit integers (cpu/kernels/int8_products.hpp). Every
-//          other product is exact, and so are products of at most 4 rows on AMX, which only
-//          stream the weight.
+//          AVX-512 CPUs with AVX512-BF16 and no AMX: the same products (the packed matrices, the
+//          LM head, the soft embedding and attention) multiply activations rounded to bf16 with
+//          dot products (cpu/kernels/avx512_bf16.hpp), twice the fp32 rate on a Zen 4. On AVX2
+//          and AVX-512 CPUs: 4-bit integer weights multiply activations rounded to 8-bit integers
+//          (cpu/kernels/int8_products.hpp; vpdpbusd with AVX512-VNNI). The router is exact in both
+//          precisions; every other product is exact, and so are products of at most 4 rows on AMX
+//          and with the dot products, which only stream the weight.
 //
 // Quantized weights (docs/quantization.md) take the same kernels: blocks of rows are dequantised
 // into a per-thread buffer in the scale's dtype (cpu/kernels/dequantize.hpp) and multiplied at
@@ -243,8 +244,11 @@ inline void int8_linear(const KernelContext& ctx, const QuantizedMatrix& q, cons
   if (vector) i8::avx2::quantize_activations(x, ldx, m, k, a.chunks, codes, scales);
 #endif
   if (!vector) i8::quantize_activations_scalar(x, ldx, m, k, a.chunks, codes, scales);
+  const i8::Form form = !vector ? i8::Form::kScalar
+                        : ctx.isa >= Isa::kAvx512 && cpu_features().avx512vnni ? i8::Form::kAvx512Vnni
+                                                                                : i8::Form::kAvx2;
   over_columns(ctx, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
-    i8::product_columns(q, a, n0, n1, y, ldy, accumulate, vector);
+    i8::product_columns(q, a, n0, n1, y, ldy, accumulate, form);
   });
 }
 

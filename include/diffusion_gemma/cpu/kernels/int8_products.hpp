@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Products of 4-bit integer weights (compressed-tensors pack-quantized, and GPTQ without
-// activation order; symmetric or asymmetric) with activations rounded to 8-bit integers: the fast precision on AVX2 and AVX-512 CPUs without AMX
-// (docs/quantization.md, "The fast precision on AVX2"; the same AVX2 kernel on both).
+// activation order; symmetric or asymmetric) with activations rounded to 8-bit integers: the fast
+// precision on AVX2 and AVX-512 CPUs without AMX (docs/quantization.md, "The fast precision on
+// AVX2"): the AVX2 kernel, or vpdpbusd where the CPU has AVX512-VNNI (the same bits).
 //
 // Why integers: at a 256-token canvas every expert serves tens of rows at once, so these products
 // are bound by arithmetic, and widening 4-bit weights to fp32 (the exact precision) can only add
@@ -29,6 +30,7 @@
 
 #include <diffusion_gemma/core/quant.hpp>
 #include <diffusion_gemma/cpu/isa.hpp>
+#include <diffusion_gemma/cpu/kernels/avx512.hpp>
 #include <diffusion_gemma/cpu/kernels/dequantize.hpp>
 #include <diffusion_gemma/cpu/kernels/operands.hpp>
 #include <diffusion_gemma/model/quantized_matrix.hpp>
@@ -418,6 +420,79 @@ DG_END_TARGET
 
 }  // namespace avx2
 
+// The same products on AVX-512 CPUs with VNNI (Zen 4, Ice Lake and later): a panel's quad of 16
+// columns is one 64-byte vector, exactly vpdpbusd's signed operand, so one instruction adds the 64
+// byte products that take AVX2 six (two vpmaddubsw, two vpmaddwd, two adds). The int32 sums are the
+// same exact integers and the fp32 step the same FMA, so the bits are the AVX2 kernel's.
+namespace avx512vnni {
+
+DG_BEGIN_TARGET_AVX512VNNI
+
+constexpr int kMr = 12;  // rows per tile: 12 int32 and 12 fp32 accumulators
+
+template <int MR>
+inline void panel_tile(const Activations& a, std::int64_t r0, const Panel& p, std::int64_t nvalid, float* y,
+                       std::int64_t ldy, bool accumulate) {
+  __m512 f[MR];
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i) f[i] = _mm512_setzero_ps();
+  const std::uint8_t* codes = a.codes + r0 * a.k;
+  const float* ascale = a.scales + r0 * a.chunks.count;
+  for (std::int64_t ch = 0; ch < a.chunks.count; ++ch) {
+    const std::int64_t q0 = ch * a.chunks.length / 4, q1 = std::min(a.k, (ch + 1) * a.chunks.length) / 4;
+    const __m512i off = _mm512_loadu_si512(p.offset + ch * kPanel);
+    __m512i s[MR];
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; ++i) s[i] = off;
+    const std::int8_t* wq = p.values + q0 * kPanel * 4;
+    for (std::int64_t qd = q0; qd < q1; ++qd, wq += kPanel * 4) {
+      const __m512i w = _mm512_loadu_si512(wq);
+#pragma GCC unroll 12
+      for (int i = 0; i < MR; ++i) {
+        std::int32_t quad;
+        std::memcpy(&quad, codes + i * a.k + 4 * qd, 4);
+        s[i] = _mm512_dpbusd_epi32(s[i], _mm512_set1_epi32(quad), w);
+      }
+    }
+    const __m512 ws = _mm512_loadu_ps(p.scale + ch * kPanel);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; ++i) {
+      const __m512 as = _mm512_set1_ps(ascale[i * a.chunks.count + ch]);
+      f[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_mul_ps(ws, as), f[i]);
+    }
+  }
+  const __mmask16 m = avx512::lanes(nvalid);
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i) {
+    float* out = y + (r0 + i) * ldy;
+    _mm512_mask_storeu_ps(out, m, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, out), f[i]) : f[i]);
+  }
+}
+
+inline void panel_product(const Activations& a, const Panel& p, std::int64_t nvalid, float* y, std::int64_t ldy,
+                          bool accumulate) {
+  std::int64_t r = 0;
+  for (; r + kMr <= a.m; r += kMr) panel_tile<kMr>(a, r, p, nvalid, y, ldy, accumulate);
+  switch (a.m - r) {
+    case 1: return panel_tile<1>(a, r, p, nvalid, y, ldy, accumulate);
+    case 2: return panel_tile<2>(a, r, p, nvalid, y, ldy, accumulate);
+    case 3: return panel_tile<3>(a, r, p, nvalid, y, ldy, accumulate);
+    case 4: return panel_tile<4>(a, r, p, nvalid, y, ldy, accumulate);
+    case 5: return panel_tile<5>(a, r, p, nvalid, y, ldy, accumulate);
+    case 6: return panel_tile<6>(a, r, p, nvalid, y, ldy, accumulate);
+    case 7: return panel_tile<7>(a, r, p, nvalid, y, ldy, accumulate);
+    case 8: return panel_tile<8>(a, r, p, nvalid, y, ldy, accumulate);
+    case 9: return panel_tile<9>(a, r, p, nvalid, y, ldy, accumulate);
+    case 10: return panel_tile<10>(a, r, p, nvalid, y, ldy, accumulate);
+    case 11: return panel_tile<11>(a, r, p, nvalid, y, ldy, accumulate);
+    default: return;
+  }
+}
+
+DG_END_TARGET
+
+}  // namespace avx512vnni
+
 #endif  // DG_X86_KERNELS
 
 // Per-thread buffers of one panel for a k-column matrix cut into `chunks`.
@@ -429,17 +504,24 @@ inline Panel panel_scratch(std::int64_t k, const Chunks& chunks) {
   return p;
 }
 
-// y[:, n0:n1) (+)= a times rows [n0, n1) of q, panel by panel (n0 a multiple of 16). `vector`: the
-// AVX2 forms (the caller has checked the CPU), else the scalar reference.
+// Which form of the products runs (the caller has checked the CPU for the vector ones).
+enum class Form { kScalar, kAvx2, kAvx512Vnni };
+
+// y[:, n0:n1) (+)= a times rows [n0, n1) of q, panel by panel (n0 a multiple of 16). The panels are
+// unpacked by the AVX2 code in both vector forms.
 inline void product_columns(const QuantizedMatrix& q, const Activations& a, std::int64_t n0, std::int64_t n1, float* y,
-                            std::int64_t ldy, bool accumulate, bool vector) {
+                            std::int64_t ldy, bool accumulate, Form form) {
   const Panel p = panel_scratch(q.cols, a.chunks);
   for (std::int64_t c = n0; c < n1; c += kPanel) {
     const std::int64_t nvalid = std::min(kPanel, n1 - c);
 #if DG_X86_KERNELS
-    if (vector) {
+    if (form != Form::kScalar) {
       avx2::unpack_panel(q, c, a.chunks, p);
-      avx2::panel_product(a, p, nvalid, y + c, ldy, accumulate);
+      if (form == Form::kAvx512Vnni) {
+        avx512vnni::panel_product(a, p, nvalid, y + c, ldy, accumulate);
+      } else {
+        avx2::panel_product(a, p, nvalid, y + c, ldy, accumulate);
+      }
       continue;
     }
 #endif
