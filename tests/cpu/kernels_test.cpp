@@ -341,7 +341,8 @@ TEST_CASE("fast precision on AVX512-BF16: fp32 sums of bf16-rounded activations 
     std::int64_t m, n, k;
   };
   // Tails of every block: outputs not a multiple of 16 or 32, odd depths, depths across the
-  // 256-deep blocks, rows below, at and above the 12-row tile.
+  // 1024-deep blocks of k (4200: four whole blocks and a tail), rows below, at and above the 12-row
+  // tile.
   const Size sizes[] = {{1, 5, 7},      {3, 16, 1},    {4, 64, 128}, {7, 17, 33},   {13, 70, 257},
                         {37, 129, 512}, {40, 300, 701}, {12, 48, 256}, {18, 33, 4200}, {100, 96, 96}};
   // F32 and F16 weights are rounded to bf16 when packed, as for the AMX tiles.

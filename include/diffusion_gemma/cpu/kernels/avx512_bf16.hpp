@@ -116,7 +116,12 @@ inline void build_pair_tile(const MatrixB& b, std::int64_t k, std::int64_t n, st
 
 constexpr int kMr = 12;                 // rows of the register tile (24 accumulators)
 constexpr int kNr = 32;                 // two pair-tile panels
-constexpr std::int64_t kKcPairs = 128;  // pairs of k per block: both panels' 16 KiB stay in L1
+// Pairs of k per block. A register tile sums a whole block before it stores its accumulators, so
+// a deep block saves reloading them (from L3 for a wide output) at every block boundary. The
+// block's two panels (64 KiB at 512 pairs) are read from L2, which the dot products' 128 bytes
+// per 24 instructions do not strain. Zen 4, medium, 2 threads, against 128 pairs (16 KiB in L1):
+// prefill and commit 6-7 % faster, the denoise step 4-7 %; 256 pairs fall in between.
+constexpr std::int64_t kKcPairs = 512;
 
 // x [m, k] fp32 -> m x activation_pairs(k) pairs, (bf16(x[i][2p]), bf16(x[i][2p + 1])) (the
 // second 0 past the end of an odd k), in blocks of kKcPairs pairs: the block of pairs [p0, p0 +
