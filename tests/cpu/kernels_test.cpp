@@ -119,7 +119,7 @@ TEST_CASE("products with a weight match a double-precision oracle on every kerne
   // Rows below and above the 4-row streaming kernel and the 6/12-row tiles; columns and depth cut
   // by every panel (16, 32), tile (16, 32) and depth block (256 fp32, 2048 bf16 on tiles) size.
   const Size sizes[] = {{1, 5, 7}, {2, 33, 48}, {4, 64, 128}, {5, 37, 300}, {13, 70, 257}, {37, 129, 512}, {16, 32, 64},
-                        {9, 40, 1100}, {18, 33, 4200}};
+                        {9, 40, 1100}, {18, 33, 4200}, {98, 20, 600}};
   for (cpu::Isa isa : runnable_isas()) {
     for (cpu::Precision precision : {cpu::Precision::kExact, cpu::Precision::kFast}) {
       cpu::KernelContext ctx;
@@ -197,6 +197,43 @@ TEST_CASE("exact products: same bits on AVX2 and AVX-512 and at any thread count
     CHECK(run(cpu::Isa::kAvx512, 2) == reference);
   } else {
     WARN("no AVX-512 on this CPU: the AVX2/AVX-512 agreement is not checked here");
+  }
+}
+
+TEST_CASE("narrow products (the router) shared by rows: the same bits at any thread count", "[cpu][kernels]") {
+  // At most 32 outputs: linear() splits such a product into pieces of 32 rows instead of columns.
+  std::mt19937 rng(31);
+  struct Size {
+    std::int64_t m, n, k;
+  };
+  // 98 rows: a tail of 2 joins the piece before it; 70: a tail of 6 is a piece of its own.
+  const Size sizes[] = {{98, 20, 600}, {70, 32, 512}, {256, 8, 1024}};
+  for (cpu::Isa isa : runnable_isas()) {
+    for (bool row_invariant : {true, false}) {
+      for (const Size& s : sizes) {
+        INFO(cpu::isa_name(isa) << (row_invariant ? "" : " not row-invariant") << " m " << s.m << " n " << s.n
+                                << " k " << s.k);
+        const TestWeight w = make_weight(DType::kF32, s.n, s.k, rng);
+        const auto x = random_floats(static_cast<std::size_t>(s.m * s.k), rng);
+        const auto run = [&](int threads, std::int64_t row0, std::int64_t rows) {
+          cpu::KernelContext ctx;
+          ctx.isa = isa;
+          ctx.precision = cpu::Precision::kExact;
+          ctx.row_invariant = row_invariant;
+          ctx.threads = threads;
+          std::vector<float> y(static_cast<std::size_t>(rows * s.n));
+          cpu::linear(ctx, w.view, x.data() + row0 * s.k, s.k, rows, y.data(), s.n);
+          return y;
+        };
+        const auto one = run(1, 0, s.m);
+        CHECK(run(2, 0, s.m) == one);
+        CHECK(run(3, 0, s.m) == one);
+        if (row_invariant) {  // the rows of the last piece, alone
+          const auto tail = run(2, s.m - 5, 5);
+          CHECK(std::equal(tail.begin(), tail.end(), one.end() - 5 * s.n));
+        }
+      }
+    }
   }
 }
 

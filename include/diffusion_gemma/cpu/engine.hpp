@@ -874,18 +874,21 @@ class Engine {
     float* logits = ws_.router.data();
     linear(exact, W.router_proj, z, H, T, logits, E);
     const float* per_expert = model_->vector(l, Param::kRouterPerExpertScale);
-    for (std::int64_t t = 0; t < T; ++t) {
-      float* row = logits + t * E;
-      float m = row[0];
-      for (int e = 1; e < E; ++e) m = std::max(m, row[e]);
-      float sum = 0.0f;
-      for (int e = 0; e < E; ++e) {
-        row[e] = std::exp(row[e] - m);
-        sum += row[e];
-      }
-      for (int e = 0; e < E; ++e) row[e] /= sum;
-      math::router_top_k(row, per_expert, E, K, ws_.topk_w.data() + t * K, ws_.topk_i.data() + t * K);
-    }
+    parallel_for(
+        T,
+        [&](std::int64_t t) {
+          float* row = logits + t * E;
+          float m = row[0];
+          for (int e = 1; e < E; ++e) m = std::max(m, row[e]);
+          float sum = 0.0f;
+          for (int e = 0; e < E; ++e) {
+            row[e] = std::exp(row[e] - m);
+            sum += row[e];
+          }
+          for (int e = 0; e < E; ++e) row[e] /= sum;
+          math::router_top_k(row, per_expert, E, K, ws_.topk_w.data() + t * K, ws_.topk_i.data() + t * K);
+        },
+        threads_for(T, static_cast<std::int64_t>(E) * (K + 16)));  // an exp is about 16 operations
     // Group the routed (token, slot) pairs by expert: each expert's weights are read once.
     ws_.expert_begin.assign(static_cast<std::size_t>(E) + 1, 0);
     for (std::int64_t i = 0; i < T * K; ++i) ++ws_.expert_begin[ws_.topk_i[i] + 1];

@@ -169,6 +169,24 @@ inline bool dots_for(const KernelContext& ctx, std::int64_t m) {
   return ctx.bf16_dots() && (ctx.row_invariant || m > kStreamRows);
 }
 
+// A product too narrow to split by columns (the router's few outputs) is split by rows instead,
+// in pieces of 32 rows whatever the thread count (a tail of at most kStreamRows rows joins the
+// piece before it, so no piece takes the few-rows kernels): every kernel computes a row the same
+// way whatever other rows share its call.
+template <class F>
+void over_rows(const KernelContext& ctx, std::int64_t m, std::int64_t n, std::int64_t k, F&& f) {
+  constexpr std::int64_t kPiece = 32;
+  const int threads = resolve_threads(ctx.threads);
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  if (threads <= 1 || work < kMinSharedProduct || m < 2 * kPiece) {
+    f(std::int64_t{0}, m);
+    return;
+  }
+  const std::int64_t pieces = m % kPiece <= kStreamRows ? m / kPiece : m / kPiece + 1;
+  parallel_for(
+      pieces, [&](std::int64_t p) { f(p * kPiece, p + 1 == pieces ? m : (p + 1) * kPiece); }, ctx.threads);
+}
+
 #if DG_X86_KERNELS
 template <class F>
 void with_bf16_dtype(DType t, F&& f) {
@@ -329,7 +347,12 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
     if (ctx.bf16_dots()) {  // any dtype, rounded to bf16 when packed; activations rounded once here
       namespace dots = kernels::avx512_bf16;
       std::uint32_t* xa = kernels::scratch<std::uint32_t, 0>(static_cast<std::size_t>(m * dots::activation_pairs(k)));
-      dots::pack_activations(x, ldx, m, k, xa);
+      // Packed by rows on the product's threads (on the calling thread alone it kept them waiting).
+      const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+      parallel_for(
+          (m + 15) / 16,
+          [&](std::int64_t b) { dots::pack_activation_rows(x, ldx, m, k, xa, 16 * b, std::min(m, 16 * b + 16)); },
+          work < detail::kMinSharedProduct ? 1 : threads_for_work(run.threads, 4.0 * static_cast<double>(m * k)));
       detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
         dots::gemm_pairs(wp + kernels::pair_panel_offset(n0, k), xa, m, n1 - n0, k, y + n0, ldy, accumulate);
       });
@@ -352,6 +375,10 @@ inline void linear(const KernelContext& ctx, const Weight& w, const float* x, st
     return;
   }
 #endif
+  if (n <= 32) {
+    detail::over_rows(run, m, n, k, [&](std::int64_t i0, std::int64_t i1) { detail::gemm_exact(ctx, g.rows(i0, i1)); });
+    return;
+  }
   detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) { detail::gemm_exact(ctx, g.columns(n0, n1)); });
 }
 

@@ -131,9 +131,11 @@ inline std::uint32_t* activation_block(std::uint32_t* a, std::int64_t m, std::in
   const std::int64_t p0 = p / kKcPairs * kKcPairs, pc = pairs - p0 < kKcPairs ? pairs - p0 : kKcPairs;
   return a + p0 * m + i * pc + (p - p0);
 }
-inline void pack_activations(const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k, std::uint32_t* out) {
+// Rows [i0, i1) of the m rows (threads may pack row ranges of one product side by side).
+inline void pack_activation_rows(const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k, std::uint32_t* out,
+                                 std::int64_t i0, std::int64_t i1) {
   const std::int64_t pairs = activation_pairs(k);
-  for (std::int64_t i = 0; i < m; ++i) {
+  for (std::int64_t i = i0; i < i1; ++i) {
     const float* row = x + i * ldx;
     for (std::int64_t c = 0; c < 2 * pairs; c += 32) {  // 16 pairs, never across a block
       auto* dst = reinterpret_cast<std::uint16_t*>(activation_block(out, m, pairs, c / 2, i));
@@ -147,14 +149,18 @@ inline void pack_activations(const float* x, std::int64_t ldx, std::int64_t m, s
     }
   }
 }
+inline void pack_activations(const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k, std::uint32_t* out) {
+  pack_activation_rows(x, ldx, m, k, out, 0, m);
+}
 
 
 // C[MR x 32] (+)= A[MR, pairs p0..p0+pc) W^T over the panels `first` and `second` (the same
 // pointer when only the first exists; its columns are then masked off).
+// Every 8 pairs it takes `dose` lines of `prefetch` (none when nullptr).
 template <int MR>
 inline void micro_kernel(const std::uint32_t* a, std::int64_t lda, const std::uint16_t* first,
                          const std::uint16_t* second, std::int64_t pc, float* c, std::int64_t ldc, bool load_c,
-                         std::int64_t nvalid) {
+                         std::int64_t nvalid, PanelPrefetcher* prefetch, std::int64_t dose) {
   __m512 c0[MR], c1[MR];
   const __mmask16 m0 = lanes(nvalid), m1 = lanes(nvalid - 16);
 #pragma GCC unroll 12
@@ -171,6 +177,7 @@ inline void micro_kernel(const std::uint32_t* a, std::int64_t lda, const std::ui
       c0[i] = _mm512_dpbf16_ps(c0[i], av, b0);
       c1[i] = _mm512_dpbf16_ps(c1[i], av, b1);
     }
+    if ((p & 7) == 7 && prefetch != nullptr) prefetch->take(dose);
   }
 #pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) {
@@ -181,20 +188,20 @@ inline void micro_kernel(const std::uint32_t* a, std::int64_t lda, const std::ui
 
 inline void micro_rows(std::int64_t rows, const std::uint32_t* a, std::int64_t lda, const std::uint16_t* first,
                        const std::uint16_t* second, std::int64_t pc, float* c, std::int64_t ldc, bool load_c,
-                       std::int64_t nvalid) {
+                       std::int64_t nvalid, PanelPrefetcher* prefetch, std::int64_t dose) {
   switch (rows) {
-    case 1: return micro_kernel<1>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
-    case 2: return micro_kernel<2>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
-    case 3: return micro_kernel<3>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
-    case 4: return micro_kernel<4>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
-    case 5: return micro_kernel<5>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
-    case 6: return micro_kernel<6>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
-    case 7: return micro_kernel<7>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
-    case 8: return micro_kernel<8>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
-    case 9: return micro_kernel<9>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
-    case 10: return micro_kernel<10>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
-    case 11: return micro_kernel<11>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
-    default: return micro_kernel<12>(a, lda, first, second, pc, c, ldc, load_c, nvalid);
+    case 1: return micro_kernel<1>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 2: return micro_kernel<2>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 3: return micro_kernel<3>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 4: return micro_kernel<4>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 5: return micro_kernel<5>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 6: return micro_kernel<6>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 7: return micro_kernel<7>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 8: return micro_kernel<8>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 9: return micro_kernel<9>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 10: return micro_kernel<10>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 11: return micro_kernel<11>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    default: return micro_kernel<12>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
   }
 }
 
@@ -241,11 +248,14 @@ inline void gemm_pairs(const std::uint16_t* w, const std::uint32_t* a, std::int6
       const std::int64_t ahead = n0 / kNr + kPrefetchAhead, next_p0 = p0 + ahead / blocks * kKcPairs;
       // The weights of the block kPrefetchAhead ahead are requested while this one is computed, as
       // the fp32 families request theirs (operands.hpp: blocked_product).
+      // Each tile's share is taken a few lines every 8 pairs, between the dot products.
       prefetch.start(next_p0 < pairs ? pair_block_source(w, n, k, ahead % blocks * kNr, next_p0) : PanelSource{}, tiles);
+      const std::int64_t doses = pc / 8, dose = doses > 0 ? (prefetch.per_step() + doses - 1) / doses : 0;
       for (std::int64_t t = 0, m0 = 0; t < tiles; ++t) {
         const std::int64_t rows = base + (t < extra ? 1 : 0);
-        prefetch.step();
-        micro_rows(rows, block + m0 * pc, pc, first, second, pc, c + m0 * ldc + n0, ldc, load_c, nvalid);
+        if (doses == 0) prefetch.step();
+        micro_rows(rows, block + m0 * pc, pc, first, second, pc, c + m0 * ldc + n0, ldc, load_c, nvalid,
+                   dose > 0 ? &prefetch : nullptr, dose);
         m0 += rows;
       }
     }

@@ -126,13 +126,23 @@ class PanelPrefetcher {
     per_step_ = steps > 0 ? (lines + steps - 1) / steps : lines;
     enter_run();
   }
-  void step() {
-    step([](const void* line) { __builtin_prefetch(line, 0, 2); });
+  void step() { take(per_step_); }
+  // Lines one step requests; a kernel's inner loop may take them a few at a time (take) instead of
+  // all at once: a burst of requests fills the core's miss buffers and stalls it.
+  std::int64_t per_step() const { return per_step_; }
+  void take(std::int64_t lines) {
+    walk(lines, [](const void* line) { __builtin_prefetch(line, 0, 2); });
   }
   // The same walk with `request(line)` called for each line (a test sees what would be requested).
   template <class Request>
   void step(Request&& request) {
-    for (std::int64_t i = 0; i < per_step_ && run_ < src_.runs; ++i) {
+    walk(per_step_, request);
+  }
+
+ private:
+  template <class Request>
+  void walk(std::int64_t lines, Request&& request) {
+    for (std::int64_t i = 0; i < lines && run_ < src_.runs; ++i) {
       request(reinterpret_cast<const void*>(next_));
       next_ += 64;
       if (next_ > last_) {
@@ -142,7 +152,6 @@ class PanelPrefetcher {
     }
   }
 
- private:
   std::uintptr_t run_begin(std::int64_t r) const {
     return reinterpret_cast<std::uintptr_t>(src_.base + static_cast<std::size_t>(r) * src_.stride);
   }
