@@ -726,6 +726,51 @@ TEST_CASE("vector exp, tanh and GELU equal the scalar definitions bit for bit", 
   }
 }
 
+TEST_CASE("the row-wise glue (residual adds, scalings, attention mask, weighted sums) equals the scalar loops bit for bit",
+          "[cpu][kernels][math]") {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::bernoulli_distribution coin(0.6);
+  for (cpu::Isa isa : runnable_isas()) {
+    INFO(cpu::isa_name(isa));
+    for (std::int64_t n : {1, 7, 8, 15, 16, 17, 31, 33, 100, 1024, 1029}) {
+      INFO("n = " << n);
+      std::vector<float> x(n), y(n), w(n);
+      std::vector<std::uint8_t> vis(n);
+      for (std::int64_t i = 0; i < n; ++i) {
+        x[i] = nd(rng);
+        y[i] = nd(rng);
+        w[i] = nd(rng);
+        vis[i] = coin(rng) ? static_cast<std::uint8_t>(1 + i % 200) : 0;  // any non-zero byte is visible
+      }
+      const float s = 0.7071f, wt = 0.3183f;
+      std::vector<float> got = x, want = x;
+      cpu::vmath::mask_row(isa, got.data(), vis.data(), n);
+      for (std::int64_t i = 0; i < n; ++i) want[i] = vis[i] ? x[i] : -INFINITY;
+      CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+      got = x;
+      cpu::vmath::add_row(isa, got.data(), y.data(), n);
+      for (std::int64_t i = 0; i < n; ++i) want[i] = x[i] + y[i];
+      CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+      got = x;
+      cpu::vmath::add_scale_row(isa, got.data(), y.data(), s, n);
+      for (std::int64_t i = 0; i < n; ++i) want[i] = (x[i] + y[i]) * s;
+      CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+      got = x;
+      cpu::vmath::add_weighted_row(isa, got.data(), y.data(), wt, n);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const volatile float product = y[i] * wt;  // rounded before the sum, as the engine's loop was
+        want[i] = x[i] + product;
+      }
+      CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+      got = x;
+      cpu::vmath::mul_scale_row(isa, got.data(), w.data(), s, n);
+      for (std::int64_t i = 0; i < n; ++i) want[i] = (x[i] * w[i]) * s;
+      CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+    }
+  }
+}
+
 TEST_CASE("the scalar exp, tanh and GELU stay close to libm", "[cpu][kernels][math]") {
   double exp_rel = 0.0, tanh_abs = 0.0, gelu_abs = 0.0;
   for (float x = -87.0f; x < 88.0f; x += 0.00731f) {

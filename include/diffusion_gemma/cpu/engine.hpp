@@ -481,7 +481,7 @@ class Engine {
       if (segs[i].soft != nullptr) {
         const float* add = ws_.o.data() + r * H;
         float* xr = x + row0 * H;
-        for (std::int64_t j = 0; j < segs[i].T * H; ++j) xr[j] += add[j];
+        vmath::add_row(ctx_.isa, xr, add, segs[i].T * H);
         r += segs[i].T;
       }
       row0 += segs[i].T;
@@ -537,7 +537,7 @@ class Engine {
           float* ar = a + t * H;
           float* xr = x + t * H;
           vmath::rms_norm_row(isa, ar, post_attention, H, eps, ar);
-          for (int i = 0; i < H; ++i) xr[i] += ar[i];
+          vmath::add_row(isa, xr, ar, H);
           vmath::rms_norm_row(isa, xr, pre_ff, H, eps, h + t * H);
         },
         threads_for(T, 3 * H));
@@ -557,9 +557,9 @@ class Engine {
             float* xr = x + t * H;
             vmath::rms_norm_row(isa, dr, post_ff_1, H, eps, dr);
             vmath::rms_norm_row(isa, sr, post_ff_2, H, eps, sr);
-            for (int i = 0; i < H; ++i) sr[i] += dr[i];
+            vmath::add_row(isa, sr, dr, H);
             vmath::rms_norm_row(isa, sr, post_ff, H, eps, sr);
-            for (int i = 0; i < H; ++i) xr[i] = (xr[i] + sr[i]) * scalar;
+            vmath::add_scale_row(isa, xr, sr, scalar, H);
           },
           threads_for(T, 4 * H));
     } else {
@@ -570,7 +570,7 @@ class Engine {
             float* sr = s + t * H;
             float* xr = x + t * H;
             vmath::rms_norm_row(isa, d + t * H, post_ff, H, eps, sr);
-            for (int i = 0; i < H; ++i) xr[i] = (xr[i] + sr[i]) * scalar;
+            vmath::add_scale_row(isa, xr, sr, scalar, H);
           },
           threads_for(T, 4 * H));
     }
@@ -751,7 +751,7 @@ class Engine {
           for (std::int64_t i = 0; i < rows; ++i) {
             float* row = S + i * span;
             const std::uint8_t* vis = own.visible.data() + (i0 + i) * Nk + j0;
-            for (std::int64_t j = 0; j < span; ++j) row[j] = vis[j] ? row[j] : -std::numeric_limits<float>::infinity();
+            vmath::mask_row(isa, row, vis, span);
             vmath::softmax_row(isa, row, span);
           }
           if (c1 > c0) matmul_nn(actx, S, span, cache.values(l, g) + (lo + c0) * D, D, oh, Hq * D, rows, D, c1 - c0);
@@ -865,7 +865,7 @@ class Engine {
         [&](std::int64_t t) {
           float* row = z + t * H;
           vmath::rms_norm_row(ctx_.isa, r + t * H, nullptr, H, eps, row);
-          for (int i = 0; i < H; ++i) row[i] = (row[i] * scale[i]) * root;
+          vmath::mul_scale_row(ctx_.isa, row, scale, root, H);
         },
         threads_for(T, 2 * H));
     // The router stays exact in every precision: its top-k choice is where rounding would show.
@@ -942,7 +942,7 @@ class Engine {
             const std::int64_t slot = t * K + order[j];
             const float w = ws_.topk_w[slot];
             const float* src = y + row_of_slot[slot] * H;
-            for (int i = 0; i < H; ++i) o[i] += src[i] * w;
+            vmath::add_weighted_row(ctx_.isa, o, src, w, H);
           }
         },
         threads_for(T, K * H));

@@ -60,4 +60,49 @@ inline void rms_norm_row(Isa isa, const float* x, const float* weight, std::int6
   kernels::generic::rms_norm_row(x, weight, n, eps, out);
 }
 
+// x[j] = -inf where visible[j] is 0 (the attention mask), in place.
+inline void mask_row(Isa isa, float* x, const std::uint8_t* visible, std::int64_t n) {
+#if DG_X86_KERNELS
+  if (isa >= Isa::kAvx512) return kernels::avx512::mask_row(x, visible, n);
+  if (isa == Isa::kAvx2) return kernels::avx2::mask_row(x, visible, n);
+#endif
+  kernels::generic::mask_row(x, visible, n);
+}
+
+// x[i] += y[i] (residual adds).
+inline void add_row(Isa isa, float* x, const float* y, std::int64_t n) {
+#if DG_X86_KERNELS
+  if (isa >= Isa::kAvx512) return kernels::avx512::add_row(x, y, n);
+  if (isa == Isa::kAvx2) return kernels::avx2::add_row(x, y, n);
+#endif
+  kernels::generic::add_row(x, y, n);
+}
+
+// x[i] = (x[i] + y[i]) * s (a residual add and the layer scalar).
+inline void add_scale_row(Isa isa, float* x, const float* y, float s, std::int64_t n) {
+#if DG_X86_KERNELS
+  if (isa >= Isa::kAvx512) return kernels::avx512::add_scale_row(x, y, s, n);
+  if (isa == Isa::kAvx2) return kernels::avx2::add_scale_row(x, y, s, n);
+#endif
+  kernels::generic::add_scale_row(x, y, s, n);
+}
+
+// x[i] += y[i] * w, the product rounded first (the experts' weighted sum).
+inline void add_weighted_row(Isa isa, float* x, const float* y, float w, std::int64_t n) {
+#if DG_X86_KERNELS
+  if (isa >= Isa::kAvx512) return kernels::avx512::add_weighted_row(x, y, w, n);
+  if (isa == Isa::kAvx2) return kernels::avx2::add_weighted_row(x, y, w, n);
+#endif
+  kernels::generic::add_weighted_row(x, y, w, n);
+}
+
+// x[i] = (x[i] * w[i]) * s (the router's input scaling).
+inline void mul_scale_row(Isa isa, float* x, const float* w, float s, std::int64_t n) {
+#if DG_X86_KERNELS
+  if (isa >= Isa::kAvx512) return kernels::avx512::mul_scale_row(x, w, s, n);
+  if (isa == Isa::kAvx2) return kernels::avx2::mul_scale_row(x, w, s, n);
+#endif
+  kernels::generic::mul_scale_row(x, w, s, n);
+}
+
 }  // namespace diffusion_gemma::cpu::vmath

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include <diffusion_gemma/core/math.hpp>
 #include <diffusion_gemma/cpu/isa.hpp>
@@ -53,6 +54,13 @@ inline I iota() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
 inline I iadd(I a, I b) { return _mm256_add_epi32(a, b); }
 inline I iselect(M m, I if_true, I if_false) {
   return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(if_false), _mm256_castsi256_ps(if_true), m));
+}
+// Lanes whose byte p[lane] is 0.
+inline M zero_bytes(const std::uint8_t* p) {
+  std::int64_t eight;
+  std::memcpy(&eight, p, sizeof eight);
+  const I v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(eight));
+  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_setzero_si256()));
 }
 inline float reduce_add(V v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -58,6 +58,11 @@ inline I iset1(std::int32_t v) { return _mm512_set1_epi32(v); }
 inline I iota() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
 inline I iadd(I a, I b) { return _mm512_add_epi32(a, b); }
 inline I iselect(M m, I if_true, I if_false) { return _mm512_mask_blend_epi32(m, if_false, if_true); }
+// Lanes whose byte p[lane] is 0.
+inline M zero_bytes(const std::uint8_t* p) {
+  const I v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_testn_epi32_mask(v, v);
+}
 inline float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
 inline float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
 inline double sum_squares_double(const float* x, std::int64_t n) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include <Eigen/Core>
@@ -88,6 +89,23 @@ inline void softmax_row(float* x, std::int64_t n) {
   }
   const float inv = 1.0f / sum;
   for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+inline void mask_row(float* x, const std::uint8_t* visible, std::int64_t n) {
+  for (std::int64_t j = 0; j < n; ++j)
+    if (visible[j] == 0) x[j] = -INFINITY;
+}
+inline void add_row(float* x, const float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+inline void add_scale_row(float* x, const float* y, float s, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] = (x[i] + y[i]) * s;
+}
+inline void add_weighted_row(float* x, const float* y, float w, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] += y[i] * w;
+}
+inline void mul_scale_row(float* x, const float* w, float s, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] = (x[i] * w[i]) * s;
 }
 
 inline void rms_norm_row(const float* x, const float* weight, std::int64_t n, float eps, float* out) {

@@ -152,6 +152,51 @@ inline void softmax_row(float* x, std::int64_t n) {
   for (; i < n; ++i) x[i] *= 1.0f / sum;
 }
 
+// The row-wise glue between the products (residual adds, scalings, the attention mask, the
+// experts' weighted sum). Each lane does the scalar code's operations in its order, a product
+// rounded before a sum (the library is compiled without contraction), so the bits equal the
+// scalar loops'; vectorised here so they run at full width whatever flags the caller compiled with.
+
+// x[j] = -inf where visible[j] is 0 (keys the query may not see), in place.
+inline void mask_row(float* x, const std::uint8_t* visible, std::int64_t n) {
+  const V ninf = set1(-INFINITY);
+  std::int64_t j = 0;
+  for (; j + kWidth <= n; j += kWidth) store(x + j, select(zero_bytes(visible + j), ninf, load(x + j)));
+  for (; j < n; ++j)
+    if (visible[j] == 0) x[j] = -INFINITY;
+}
+
+// x[i] += y[i].
+inline void add_row(float* x, const float* y, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) store(x + i, add(load(x + i), load(y + i)));
+  for (; i < n; ++i) x[i] += y[i];
+}
+
+// x[i] = (x[i] + y[i]) * s.
+inline void add_scale_row(float* x, const float* y, float s, std::int64_t n) {
+  const V vs = set1(s);
+  std::int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) store(x + i, mul(add(load(x + i), load(y + i)), vs));
+  for (; i < n; ++i) x[i] = (x[i] + y[i]) * s;
+}
+
+// x[i] += y[i] * w.
+inline void add_weighted_row(float* x, const float* y, float w, std::int64_t n) {
+  const V vw = set1(w);
+  std::int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) store(x + i, add(load(x + i), mul(load(y + i), vw)));
+  for (; i < n; ++i) x[i] += y[i] * w;
+}
+
+// x[i] = (x[i] * w[i]) * s.
+inline void mul_scale_row(float* x, const float* w, float s, std::int64_t n) {
+  const V vs = set1(s);
+  std::int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) store(x + i, mul(mul(load(x + i), load(w + i)), vs));
+  for (; i < n; ++i) x[i] = (x[i] * w[i]) * s;
+}
+
 // out = x * (mean(x^2) + eps)^-1/2 [* weight]: the sum of squares in double, as the scalar
 // definition (math::rms_norm_row) accumulates it; only the order of that sum differs.
 inline void rms_norm_row(const float* x, const float* weight, std::int64_t n, float eps, float* out) {
