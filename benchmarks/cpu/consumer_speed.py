@@ -7,7 +7,7 @@ and writes benchmarks/cpu/consumer_speed.json. The kernels are chosen at run tim
 the ratio should be 1 within noise.
 
     python3 benchmarks/cpu/consumer_speed.py [--native build/benchmarks/bench_cpu] [--model /tmp/dg_bench/small]
-        [--rounds 3] [--threads 2]
+        [--rounds 3] [--threads 2] [--repeats 3]
 
 The consumer is built from the repository's HEAD commit (commit first to measure local changes).
 """
@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--work", default="/tmp/dg_bench/consumer")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats of each row per run (bench_cpu takes the median)")
     ap.add_argument("--out", default=os.path.join(here, "consumer_speed.json"))
     args = ap.parse_args()
     head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -50,21 +51,28 @@ def main():
     subprocess.run(["cmake", "--build", build, "-j", str(os.cpu_count())], check=True, stdout=subprocess.DEVNULL)
     consumer = os.path.join(build, "bench_cpu_consumer")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
-    common = ["--model", args.model, "--threads", str(args.threads), "--repeats", "3", "--prompt", "512",
+    common = ["--model", args.model, "--threads", str(args.threads), "--repeats", str(args.repeats), "--prompt", "512",
               "--only", "step,commit,prefill"]
     runs = {"native": [], "consumer": []}
-    for _ in range(args.rounds):
-        runs["native"].append(run_json([args.native] + common, env))
-        runs["consumer"].append(run_json([consumer] + common, env))
+    for r in range(args.rounds):  # the order alternates too: the second run of a round may find warmer caches
+        order = ["native", "consumer"] if r % 2 == 0 else ["consumer", "native"]
+        for side in order:
+            runs[side].append(run_json([args.native if side == "native" else consumer] + common, env))
     result = {"commit": head, "consumer_flags": flags, "model": args.model, "threads": args.threads,
+              "rounds": args.rounds, "repeats": args.repeats,
               "cpu": runs["native"][0].get("cpu"), "kernels": runs["consumer"][0].get("kernels"), "rows": {}}
     print(f"consumer (FetchContent, CMAKE_CXX_FLAGS={flags}) vs this project's -march=native build, "
           f"{args.rounds} alternating rounds, medians; kernels {result['kernels']}")
     for key in KEYS:
         n = statistics.median(r[key] for r in runs["native"])
         c = statistics.median(r[key] for r in runs["consumer"])
-        result["rows"][key] = {"native": n, "consumer": c, "consumer_over_native": c / n}
-        print(f"  {key:18s} native {n:8.4f} s   consumer {c:8.4f} s   consumer/native {c / n:5.3f}")
+        # Each round's two runs are minutes apart at most, so their ratio is less exposed to the
+        # VM's slow drifts than the ratio of the medians.
+        paired = sorted(cr[key] / nr[key] for nr, cr in zip(runs["native"], runs["consumer"]))
+        result["rows"][key] = {"native": n, "consumer": c, "consumer_over_native": c / n,
+                               "paired_median": statistics.median(paired), "paired_range": [paired[0], paired[-1]]}
+        print(f"  {key:18s} native {n:8.4f} s   consumer {c:8.4f} s   consumer/native {c / n:5.3f}   "
+              f"paired median {statistics.median(paired):5.3f} ({paired[0]:.3f}-{paired[-1]:.3f})")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
