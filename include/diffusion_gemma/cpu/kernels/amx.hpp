@@ -375,7 +375,10 @@ inline void xw(const MatrixB& b, const std::uint16_t* xa, std::int64_t m, std::i
                std::int64_t ldy, bool accumulate) {
   const std::int64_t mb_count = (m + 15) / 16, kb_count = (k + 31) / 32;
   std::uint16_t* bt = scratch<std::uint16_t, 3>(static_cast<std::size_t>(kb_count * 2 * 512));
-  float* edge = scratch<float, 2>(256);
+  // C tiles that overhang y go through `edge`, one 16 x 16 slot per tile. With `accumulate` they
+  // start from y's values too (zero padded), so a row's sum is y + products in the tiles' order
+  // whether or not its 16-row block is whole: the same bits for a row alone and inside a batch.
+  float* edge = scratch<float, 2>(4 * 256);
   configure();
   for (std::int64_t n0 = 0; n0 < n; n0 += 32) {
     const std::int64_t cols = n - n0 < 32 ? n - n0 : 32;
@@ -388,16 +391,31 @@ inline void xw(const MatrixB& b, const std::uint16_t* xa, std::int64_t m, std::i
     }
     for (std::int64_t mb = 0; mb < mb_count; mb += 2) {
       const bool twom = mb + 1 < mb_count;
-      // C tile (i = row block, j = column half) in place when it lies inside y, else via `edge`.
       const auto inside = [&](int i, int j) { return (mb + i) * 16 + 16 <= m && n0 + 16 * j + 16 <= n; };
+      const auto used = [&](int i, int j) { return (i == 0 || twom) && (j == 0 || two); };
       float* c[2][2];
       for (int i = 0; i < 2; ++i)
         for (int j = 0; j < 2; ++j) c[i][j] = y + (mb + i) * 16 * ldy + n0 + 16 * j;
+      // Where tile t reads and writes its C block: y itself (row stride ldy) or its edge slot (16).
+      float* at[4];
+      std::int64_t ld[4];
+      for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 2; ++j) {
+          const int t = 2 * i + j;
+          at[t] = inside(i, j) ? c[i][j] : edge + t * 256;
+          ld[t] = inside(i, j) ? ldy : 16;
+          if (!accumulate || !used(i, j) || inside(i, j)) continue;
+          const std::int64_t r0 = (mb + i) * 16, cj = n0 + 16 * j;
+          for (std::int64_t r = 0; r < 16; ++r)
+            for (std::int64_t q = 0; q < 16; ++q)
+              at[t][r * 16 + q] = r0 + r < m && cj + q < n ? y[(r0 + r) * ldy + cj + q] : 0.0f;
+        }
+      }
       if (accumulate) {
-        if (inside(0, 0)) _tile_loadd(0, c[0][0], ldy * 4); else _tile_zero(0);
-        if (two && inside(0, 1)) _tile_loadd(1, c[0][1], ldy * 4); else _tile_zero(1);
-        if (twom && inside(1, 0)) _tile_loadd(2, c[1][0], ldy * 4); else _tile_zero(2);
-        if (twom && two && inside(1, 1)) _tile_loadd(3, c[1][1], ldy * 4); else _tile_zero(3);
+        if (used(0, 0)) _tile_loadd(0, at[0], ld[0] * 4); else _tile_zero(0);
+        if (used(0, 1)) _tile_loadd(1, at[1], ld[1] * 4); else _tile_zero(1);
+        if (used(1, 0)) _tile_loadd(2, at[2], ld[2] * 4); else _tile_zero(2);
+        if (used(1, 1)) _tile_loadd(3, at[3], ld[3] * 4); else _tile_zero(3);
       } else {
         _tile_zero(0);
         _tile_zero(1);
@@ -410,28 +428,11 @@ inline void xw(const MatrixB& b, const std::uint16_t* xa, std::int64_t m, std::i
       for (int i = 0; i < (twom ? 2 : 1); ++i) {
         for (int j = 0; j < (two ? 2 : 1); ++j) {
           const int t = 2 * i + j;
-          if (inside(i, j)) {
-            switch (t) {
-              case 0: _tile_stored(0, c[0][0], ldy * 4); break;
-              case 1: _tile_stored(1, c[0][1], ldy * 4); break;
-              case 2: _tile_stored(2, c[1][0], ldy * 4); break;
-              default: _tile_stored(3, c[1][1], ldy * 4); break;
-            }
-            continue;
-          }
-          switch (t) {
-            case 0: _tile_stored(0, edge, 64); break;
-            case 1: _tile_stored(1, edge, 64); break;
-            case 2: _tile_stored(2, edge, 64); break;
-            default: _tile_stored(3, edge, 64); break;
-          }
+          store_tile(t, at[t], ld[t] * 4);
+          if (inside(i, j)) continue;
           const std::int64_t r0 = (mb + i) * 16, cj = n0 + 16 * j;
-          for (std::int64_t r = 0; r < 16 && r0 + r < m; ++r) {
-            for (std::int64_t q = 0; q < 16 && cj + q < n; ++q) {
-              float& out = y[(r0 + r) * ldy + cj + q];
-              out = accumulate ? out + edge[r * 16 + q] : edge[r * 16 + q];
-            }
-          }
+          for (std::int64_t r = 0; r < 16 && r0 + r < m; ++r)
+            for (std::int64_t q = 0; q < 16 && cj + q < n; ++q) y[(r0 + r) * ldy + cj + q] = at[t][r * 16 + q];
         }
       }
     }
