@@ -142,6 +142,43 @@ inline const std::byte* packed_row(const QuantizedMatrix& q, std::int64_t r) {
   return q.values.data + r * ((q.cols * q.bits + 31) / 32) * 4;
 }
 
+// The weight scale and the zero of every (chunk, row) of the panel at rows [n0, n0 + 16):
+// `scale` and `zero` [chunks][16], 0 past the matrix's last row. The index arithmetic is done once
+// per panel: asked per entry (scale_of, zero_of) it cost two 64-bit divisions each, which took
+// most of a panel's unpacking at group size 64.
+inline void panel_scales_zeros(const QuantizedMatrix& q, std::int64_t n0, const Chunks& chunks, float* scale,
+                               std::int32_t* zero) {
+  const std::int64_t nvalid = std::min<std::int64_t>(kPanel, q.rows - n0);
+  const bool gptq = q.format == QuantFormat::kGptq;
+  const std::int64_t groups = q.groups(), zero_words = (q.rows * q.bits + 31) / 32;
+  const DType sd = q.scale_dtype();
+  const auto scale_at = [&](std::int64_t i) {
+    switch (sd) {
+      case DType::kBF16: return kernels::detail::scale_at<DType::kBF16>(q.scale.data, i);
+      case DType::kF16: return kernels::detail::scale_at<DType::kF16>(q.scale.data, i);
+      default: return kernels::detail::scale_at<DType::kF32>(q.scale.data, i);
+    }
+  };
+  for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
+    // Chunks are the groups when there are groups (chunks_of), so a chunk's group is its index.
+    const std::int64_t g = q.group_size > 0 ? ch : 0;
+    for (std::int64_t j = 0; j < kPanel; ++j) {
+      const std::int64_t r = n0 + j, at = ch * kPanel + j;
+      if (j >= nvalid) {
+        scale[at] = 0.0f;
+        zero[at] = 0;
+      } else if (gptq) {
+        scale[at] = scale_at(g * q.rows + r);
+        zero[at] = static_cast<std::int32_t>(quant::unpack_field(q.zero_point.data + g * zero_words * 4, r, q.bits)) +
+                   q.zero_offset;
+      } else {
+        scale[at] = scale_at(q.group_size < 0 ? 0 : q.group_size == 0 ? r : r * groups + g);
+        zero[at] = static_cast<std::int32_t>(kernels::detail::packed_zero(q, r, g, groups));
+      }
+    }
+  }
+}
+
 }  // namespace detail
 
 // Rows [0, m) of x rounded to codes and scales, in scalar code (the reference for the AVX2 form).
@@ -254,13 +291,15 @@ inline void unpack_panel_packed(const QuantizedMatrix& q, std::int64_t n0, const
   const __m256i ones8 = _mm256_set1_epi8(1);
   const __m256i ones16 = _mm256_set1_epi16(1);
   auto* out = reinterpret_cast<std::uint32_t*>(p.values);
+  std::int32_t* zeros = kernels::scratch<std::int32_t, 14>(static_cast<std::size_t>(chunks.count * kPanel));
+  detail::panel_scales_zeros(q, n0, chunks, p.scale, zeros);
   for (std::int64_t j = 0; j < kPanel; ++j) {
     const std::int64_t r = n0 + j;
     const bool valid = r < q.rows;
     const std::byte* row = valid ? detail::packed_row(q, r) : nullptr;
     for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
       const std::int64_t c0 = ch * chunks.length, c1 = std::min(k, c0 + chunks.length);
-      const int zero = valid ? detail::zero_of(q, r, ch) : 0;
+      const int zero = zeros[ch * kPanel + j];
       const __m256i vzero = _mm256_set1_epi8(static_cast<char>(zero));
       __m256i vsum = _mm256_setzero_si256();
       std::int64_t c = c0;
@@ -283,7 +322,6 @@ inline void unpack_panel_packed(const QuantizedMatrix& q, std::int64_t n0, const
       for (std::int32_t l : lanes) sum += l;
       sum += detail::unpack_inputs(q, r, j, zero, c, c1, p.values);
       p.offset[ch * kPanel + j] = -128 * sum;
-      p.scale[ch * kPanel + j] = valid ? detail::scale_of(q, r, c0) : 0.0f;
     }
   }
 }
@@ -307,14 +345,14 @@ inline void unpack_panel_gptq(const QuantizedMatrix& q, std::int64_t n0, const C
   const std::int64_t nvalid = std::min(kPanel, n - n0);
   const __m256i ones8 = _mm256_set1_epi8(1);
   const __m256i ones16 = _mm256_set1_epi16(1);
+  std::int32_t* panel_zeros = kernels::scratch<std::int32_t, 14>(static_cast<std::size_t>(chunks.count * kPanel));
+  detail::panel_scales_zeros(q, n0, chunks, p.scale, panel_zeros);
   for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
     const std::int64_t c0 = ch * chunks.length, c1 = std::min(k, c0 + chunks.length);
     alignas(32) std::int8_t zeros[kPanel * 4];
-    int zero[kPanel];
+    const std::int32_t* zero = panel_zeros + ch * kPanel;
     for (std::int64_t j = 0; j < kPanel; ++j) {
-      zero[j] = j < nvalid ? detail::zero_of(q, n0 + j, ch) : 0;
       for (int b = 0; b < 4; ++b) zeros[j * 4 + b] = static_cast<std::int8_t>(zero[j]);
-      p.scale[ch * kPanel + j] = j < nvalid ? detail::scale_of(q, n0 + j, c0) : 0.0f;
     }
     const __m256i z0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(zeros));
     const __m256i z1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(zeros + 32));
@@ -469,6 +507,79 @@ inline void panel_tile(const Activations& a, std::int64_t r0, const Panel& p, st
   }
 }
 
+// Rows [n0, n0 + 16) of a pack-quantized q as a Panel, all 16 rows at once: the AVX2 form's bytes.
+// A 16-bit word of a packed row holds one quad (4 inputs, least significant nibble first), so 32
+// inputs of 16 rows are a 16 x 8 transpose of words (two rounds of vpermt2w), and each word then
+// spreads to the quad's 4 bytes. Needs a whole panel and chunks of whole 32-input steps.
+inline void unpack_panel_packed_whole(const QuantizedMatrix& q, std::int64_t n0, const Chunks& chunks, Panel p) {
+  const std::byte* row[kPanel];
+  for (std::int64_t j = 0; j < kPanel; ++j) row[j] = detail::packed_row(q, n0 + j);
+  // Stage 1: from 4 rows per vector to (quad d, row) for 8 rows, d in 0-3 (`lo`) or 4-7 (`hi`).
+  alignas(64) std::int16_t stage1_lo[32], stage1_hi[32], stage2_lo[32], stage2_hi[32];
+  for (int pos = 0; pos < 32; ++pos) {
+    const int d = pos / 8, r = pos % 8;
+    const int src = r < 4 ? 8 * r + d : 32 + 8 * (r - 4) + d;
+    stage1_lo[pos] = static_cast<std::int16_t>(src);
+    stage1_hi[pos] = static_cast<std::int16_t>(src + 4);
+    // Stage 2: (d, rows 0-7) and (d, rows 8-15) to (d, rows 0-15), for two quads per vector.
+    const int dd = pos / 16, r16 = pos % 16;
+    const int src2 = r16 < 8 ? dd * 8 + r16 : 32 + dd * 8 + r16 - 8;
+    stage2_lo[pos] = static_cast<std::int16_t>(src2);
+    stage2_hi[pos] = static_cast<std::int16_t>(src2 + 16);
+  }
+  const __m512i s1lo = _mm512_load_si512(stage1_lo), s1hi = _mm512_load_si512(stage1_hi);
+  const __m512i s2lo = _mm512_load_si512(stage2_lo), s2hi = _mm512_load_si512(stage2_hi);
+  const __m512i nibbles = _mm512_set1_epi32(0x0F0F);
+  // Bytes (n0, n2, n1, n3) of each 32-bit lane back to input order.
+  const __m512i order = _mm512_set4_epi32(0x0F0D0E0C, 0x0B090A08, 0x07050604, 0x03010200);
+  const __m512i ones = _mm512_set1_epi8(1);
+  const auto quad_bytes = [&](__m256i words) {
+    const __m512i x = _mm512_cvtepu16_epi32(words);
+    const __m512i lo = _mm512_and_si512(x, nibbles), hi = _mm512_and_si512(_mm512_srli_epi32(x, 4), nibbles);
+    return _mm512_shuffle_epi8(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)), order);
+  };
+  const auto four_rows = [&](int j0, std::int64_t c) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row[j0] + c / 2)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[j0 + 1] + c / 2)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[j0 + 2] + c / 2)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[j0 + 3] + c / 2)), 3);
+  };
+  std::int32_t* zeros = kernels::scratch<std::int32_t, 14>(static_cast<std::size_t>(chunks.count * kPanel));
+  detail::panel_scales_zeros(q, n0, chunks, p.scale, zeros);
+  for (std::int64_t ch = 0; ch < chunks.count; ++ch) {
+    const std::int64_t c0 = ch * chunks.length, c1 = std::min(q.cols, c0 + chunks.length);
+    // Each row's zero in all 4 bytes of its lane.
+    const __m512i vzero = _mm512_mullo_epi32(_mm512_loadu_si512(zeros + ch * kPanel), _mm512_set1_epi32(0x01010101));
+    __m512i sum = _mm512_setzero_si512();
+    for (std::int64_t c = c0; c < c1; c += 32) {
+      const __m512i a = four_rows(0, c), b = four_rows(4, c), e = four_rows(8, c), g = four_rows(12, c);
+      const __m512i p_lo = _mm512_permutex2var_epi16(a, s1lo, b), p_hi = _mm512_permutex2var_epi16(a, s1hi, b);
+      const __m512i q_lo = _mm512_permutex2var_epi16(e, s1lo, g), q_hi = _mm512_permutex2var_epi16(e, s1hi, g);
+      const __m512i pairs[4] = {_mm512_permutex2var_epi16(p_lo, s2lo, q_lo), _mm512_permutex2var_epi16(p_lo, s2hi, q_lo),
+                                _mm512_permutex2var_epi16(p_hi, s2lo, q_hi), _mm512_permutex2var_epi16(p_hi, s2hi, q_hi)};
+      std::int8_t* dst = p.values + (c / 4) * kPanel * 4;
+      for (int i = 0; i < 4; ++i) {
+        const __m512i w0 = _mm512_sub_epi8(quad_bytes(_mm512_castsi512_si256(pairs[i])), vzero);
+        const __m512i w1 = _mm512_sub_epi8(quad_bytes(_mm512_extracti64x4_epi64(pairs[i], 1)), vzero);
+        _mm512_storeu_si512(dst + (2 * i) * 64, w0);
+        _mm512_storeu_si512(dst + (2 * i + 1) * 64, w1);
+        sum = _mm512_dpbusd_epi32(sum, ones, w0);
+        sum = _mm512_dpbusd_epi32(sum, ones, w1);
+      }
+    }
+    _mm512_storeu_si512(p.offset + ch * kPanel, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+  }
+}
+
+// A panel for the VNNI and AMX-INT8 forms: whole pack-quantized panels on 32-input chunks take the
+// AVX-512 transpose above, the rest the AVX2 code.
+inline void unpack_panel(const QuantizedMatrix& q, std::int64_t n0, const Chunks& chunks, Panel p) {
+  if (q.format == QuantFormat::kPacked && n0 + kPanel <= q.rows && q.cols % 32 == 0 && chunks.length % 32 == 0) {
+    return unpack_panel_packed_whole(q, n0, chunks, p);
+  }
+  avx2::unpack_panel(q, n0, chunks, p);
+}
+
 inline void panel_product(const Activations& a, const Panel& p, std::int64_t nvalid, float* y, std::int64_t ldy,
                           bool accumulate) {
   std::int64_t r = 0;
@@ -507,8 +618,7 @@ inline Panel panel_scratch(std::int64_t k, const Chunks& chunks) {
 // Which form of the products runs (the caller has checked the CPU for the vector ones).
 enum class Form { kScalar, kAvx2, kAvx512Vnni };
 
-// y[:, n0:n1) (+)= a times rows [n0, n1) of q, panel by panel (n0 a multiple of 16). The panels are
-// unpacked by the AVX2 code in both vector forms.
+// y[:, n0:n1) (+)= a times rows [n0, n1) of q, panel by panel (n0 a multiple of 16).
 inline void product_columns(const QuantizedMatrix& q, const Activations& a, std::int64_t n0, std::int64_t n1, float* y,
                             std::int64_t ldy, bool accumulate, Form form) {
   const Panel p = panel_scratch(q.cols, a.chunks);
@@ -516,10 +626,11 @@ inline void product_columns(const QuantizedMatrix& q, const Activations& a, std:
     const std::int64_t nvalid = std::min(kPanel, n1 - c);
 #if DG_X86_KERNELS
     if (form != Form::kScalar) {
-      avx2::unpack_panel(q, c, a.chunks, p);
       if (form == Form::kAvx512Vnni) {
+        avx512vnni::unpack_panel(q, c, a.chunks, p);
         avx512vnni::panel_product(a, p, nvalid, y + c, ldy, accumulate);
       } else {
+        avx2::unpack_panel(q, c, a.chunks, p);
         avx2::panel_product(a, p, nvalid, y + c, ldy, accumulate);
       }
       continue;
