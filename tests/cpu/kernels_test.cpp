@@ -804,6 +804,31 @@ TEST_CASE("DG_CPU_ISA is parsed strictly", "[cpu][isa]") {
   }
 }
 
+TEST_CASE("DG_CPU_INT8_TILES is parsed strictly and opts in only on AMX in the fast precision", "[cpu][isa]") {
+  CHECK_FALSE(cpu::parse_int8_tiles(nullptr));
+  CHECK_FALSE(cpu::parse_int8_tiles(""));
+  CHECK_FALSE(cpu::parse_int8_tiles("0"));
+  CHECK(cpu::parse_int8_tiles("1"));
+  try {
+    cpu::parse_int8_tiles("yes");
+    FAIL("a value other than 0 or 1 must be refused");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("DG_CPU_INT8_TILES='yes'") != std::string::npos);
+  }
+  cpu::KernelContext ctx;
+  ctx.amx_int8 = true;
+  ctx.precision = cpu::Precision::kFast;
+  ctx.isa = cpu::Isa::kAvx512;
+  CHECK_FALSE(ctx.int8_tiles());
+  ctx.isa = cpu::Isa::kAmx;
+  ctx.precision = cpu::Precision::kExact;
+  CHECK_FALSE(ctx.int8_tiles());
+  ctx.precision = cpu::Precision::kFast;
+  CHECK(ctx.int8_tiles() == (cpu::cpu_features().amx_int8 && cpu::cpu_features().avx512vnni));
+  ctx.amx_int8 = false;
+  CHECK_FALSE(ctx.int8_tiles());
+}
+
 namespace {
 
 // A random quantized matrix in one of the compressed-tensors layouts, with its storage.
@@ -997,6 +1022,11 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
     return;
   }
   namespace i8 = cpu::kernels::int8;
+  // The AMX-INT8 form where this CPU has it (and its tile permission): it must give the same bits.
+  const bool amx_int8 = cpu::cpu_features().best() == cpu::Isa::kAmx && cpu::cpu_features().amx_int8 &&
+                        cpu::cpu_features().avx512vnni;
+  if (!amx_int8) WARN("the AMX-INT8 form of the int8 products is not run: this CPU lacks AMX-INT8");
+  int tiled_runs = 0;  // products where the tiles took at least one block of 16 rows
   std::mt19937 gen(23);
   for (bool asymmetric : {false, true}) {
     for (DType st : {DType::kBF16, DType::kF32}) {
@@ -1008,7 +1038,8 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
           const Weight w = Weight::quantized(m.q);
           std::vector<std::byte> deq(static_cast<std::size_t>(rows * cols) * dtype_size(st));
           cpu::kernels::dequantize_rows(m.q, 0, rows, deq.data());
-          for (std::int64_t M : {std::int64_t{1}, std::int64_t{5}, std::int64_t{6}, std::int64_t{13}, std::int64_t{20}}) {
+          for (std::int64_t M : {std::int64_t{1}, std::int64_t{5}, std::int64_t{6}, std::int64_t{13}, std::int64_t{20},
+                                 std::int64_t{37}}) {
             INFO("asym " << asymmetric << " scale " << dtype_name(st) << " group " << group << " cols " << cols
                          << " rows " << rows << " m " << M);
             const std::int64_t ldx = cols + 3, ldy = rows + 5;
@@ -1055,6 +1086,33 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
                 for (std::int64_t n = 0; n < rows; ++n) same &= got[r * ldy + n] == want[r * ldy + n];
               CHECK(same);
             }
+            // AMX-INT8 tiles give the same bits (blocks of 16 rows on the tiles, the rest on vpdpbusd).
+            if (amx_int8) {
+              cpu::KernelContext tiles = ctx;
+              tiles.isa = cpu::Isa::kAmx;
+              tiles.amx_int8 = true;
+              REQUIRE(tiles.int8_tiles());
+              REQUIRE(tiles.int8_products(m.q));
+              for (int threads : {1, 2}) {
+                tiles.threads = threads;
+                std::vector<float> got = random_floats(want.size(), gen);
+                cpu::linear(tiles, w, x.data(), ldx, M, got.data(), ldy);
+                bool same = true;
+                for (std::int64_t r = 0; r < M; ++r)
+                  for (std::int64_t n = 0; n < rows; ++n) same &= got[r * ldy + n] == want[r * ldy + n];
+                CHECK(same);
+              }
+              std::vector<float> acc_tiles = accumulated;
+              cpu::linear(tiles, w, x.data(), ldx, M, acc_tiles.data(), ldy, /*accumulate=*/true);
+              bool acc_same = true;
+              for (std::int64_t r = 0; r < M; ++r)
+                for (std::int64_t n = 0; n < rows; ++n) acc_same &= acc_tiles[r * ldy + n] == acc_got[r * ldy + n];
+              CHECK(acc_same);
+              i8::Activations shape;
+              shape.k = cols;
+              shape.chunks = i8::chunks_of(m.q);
+              tiled_runs += M >= 16 && i8::amx::k_step(shape) > 0;
+            }
             // Within the rounding bound of the exact product.
             cpu::KernelContext exact;
             exact.isa = cpu::Isa::kAvx2;
@@ -1069,6 +1127,7 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
       }
     }
   }
+  if (amx_int8) CHECK(tiled_runs > 0);
   // A NaN activation makes its row's outputs NaN, as the exact product does; other rows are finite.
   RandomQuantized m(QuantFormat::kPacked, 4, 40, 64, 32, DType::kBF16, false, gen);
   std::vector<float> x = random_floats(2 * 64, gen);
@@ -1133,6 +1192,19 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
       cpu::kernels::dequantize_rows(q, 0, rows, deq.data());
       CHECK(worst_over_bound(reference, deq, DType::kF16, gx.data(), cols, M, rows, cols, got.data(), ref.data(), rows,
                              1.0 / 1024) <= 1.0);
+      // On AMX-INT8 tiles, with a block of 16 rows and a partial one: the scalar reference's bits.
+      if (amx_int8) {
+        const std::int64_t tm = 21;
+        std::vector<float> tx = random_floats(static_cast<std::size_t>(tm * cols), gen);
+        std::vector<float> twant(static_cast<std::size_t>(tm * rows)), tgot(twant.size());
+        const Int8Reference treference(q, tx.data(), cols, tm, twant.data(), rows, false);
+        cpu::KernelContext tiles = ctx;
+        tiles.isa = cpu::Isa::kAmx;
+        tiles.amx_int8 = true;
+        REQUIRE(tiles.int8_tiles());
+        cpu::linear(tiles, Weight::quantized(q), tx.data(), cols, tm, tgot.data(), rows);
+        CHECK(tgot == twant);
+      }
       // Activation order (groups not in input order) keeps the exact path.
       q.groups_in_order = false;
       CHECK_FALSE(i8::supported(q));

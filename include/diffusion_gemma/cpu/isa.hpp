@@ -52,6 +52,10 @@
   _Pragma(                                                                                                   \
       "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,"       \
       "avx512bf16,amx-tile,amx-bf16\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AMX_INT8                                                                             \
+  _Pragma(                                                                                                   \
+      "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,"       \
+      "avx512vnni,amx-tile,amx-int8\"))), apply_to = function)")
 #define DG_END_TARGET _Pragma("clang attribute pop")
 #else
 // GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* pass-through operands) as
@@ -76,6 +80,10 @@
 #define DG_BEGIN_TARGET_AMX                                                                                    \
   _Pragma("GCC push_options")                                                                                 \
       _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16\")") \
+          DG_GCC_KERNEL_DIAGNOSTICS
+#define DG_BEGIN_TARGET_AMX_INT8                                                                               \
+  _Pragma("GCC push_options")                                                                                 \
+      _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8\")") \
           DG_GCC_KERNEL_DIAGNOSTICS
 #define DG_END_TARGET _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
 #endif
@@ -120,7 +128,7 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512bf16 = false;
   bool avx512vnni = false;
-  bool amx_tile = false, amx_bf16 = false;
+  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
   bool os_avx = false, os_avx512 = false, os_amx = false;  // register state enabled by the OS (XCR0)
   bool amx_permitted = false;                              // Linux granted the tile data state
   std::string brand;
@@ -151,6 +159,7 @@ struct CpuFeatures {
     add(avx512vnni, "avx512vnni");
     add(amx_tile, "amx-tile");
     add(amx_bf16, "amx-bf16");
+    add(amx_int8, "amx-int8");
     if (amx_tile && !amx_permitted) s += " (amx: no kernel permission)";
     return s.empty() ? std::string("none") : s;
   }
@@ -191,6 +200,7 @@ inline CpuFeatures detect_features() {
     f.avx512vl = (b >> 31) & 1u;
     f.avx512vnni = (c >> 11) & 1u;
     f.amx_bf16 = (d >> 22) & 1u;
+    f.amx_int8 = (d >> 25) & 1u;
     f.amx_tile = (d >> 24) & 1u;
     __get_cpuid_count(7, 1, &a, &b, &c, &d);
     f.avx512bf16 = (a >> 5) & 1u;
@@ -244,6 +254,19 @@ inline Isa resolve_isa(const char* requested) {
 inline Isa default_isa() {
   static const Isa isa = resolve_isa(std::getenv("DG_CPU_ISA"));
   return isa;
+}
+
+// Whether DG_CPU_INT8_TILES asks for the AMX-INT8 form of the int8 products of 4-bit weights
+// (cpu/kernels/int8_amx.hpp): "1" yes; unset, empty or "0" no. Off by default: on the AMX machine
+// we measured, it was not faster than the bf16 tiles on dequantised blocks (docs/performance.md).
+inline bool parse_int8_tiles(const char* requested) {
+  if (requested == nullptr || *requested == '\0' || std::string(requested) == "0") return false;
+  if (std::string(requested) == "1") return true;
+  throw_error(StatusCode::kInvalidArgument, "DG_CPU_INT8_TILES='", requested, "' is not 0 or 1");
+}
+inline bool int8_tiles_requested() {
+  static const bool on = parse_int8_tiles(std::getenv("DG_CPU_INT8_TILES"));
+  return on;
 }
 
 }  // namespace diffusion_gemma::cpu

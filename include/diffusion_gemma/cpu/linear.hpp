@@ -13,7 +13,9 @@
 //          LM head, the soft embedding and attention) multiply activations rounded to bf16 with
 //          dot products (cpu/kernels/avx512_bf16.hpp), twice the fp32 rate on a Zen 4. On AVX2
 //          and AVX-512 CPUs: 4-bit integer weights multiply activations rounded to 8-bit integers
-//          (cpu/kernels/int8_products.hpp; vpdpbusd with AVX512-VNNI). The router is exact in both
+//          (cpu/kernels/int8_products.hpp; vpdpbusd with AVX512-VNNI), and on AMX CPUs, when
+//          DG_CPU_INT8_TILES=1 opts in, the same products on AMX-INT8 tiles (cpu/kernels/int8_amx.hpp,
+//          the same bits). The router is exact in both
 //          precisions; every other product is exact, and so are products of at most 4 rows on AMX
 //          and with the dot products, which only stream the weight.
 //
@@ -39,6 +41,7 @@
 #include <diffusion_gemma/cpu/kernels/avx512_bf16.hpp>
 #include <diffusion_gemma/cpu/kernels/dequantize_simd.hpp>
 #include <diffusion_gemma/cpu/kernels/generic.hpp>
+#include <diffusion_gemma/cpu/kernels/int8_amx.hpp>
 #include <diffusion_gemma/cpu/kernels/int8_products.hpp>
 #include <diffusion_gemma/cpu/kernels/operands.hpp>
 #include <diffusion_gemma/cpu/parallel.hpp>
@@ -74,6 +77,8 @@ struct KernelContext {
   // computes the same bits alone or batched with others. Off, products of at most kStreamRows
   // rows (autoregressive decoding) stream the weight through fp32 dot products instead.
   bool row_invariant = true;
+  // Opt in to AMX-INT8 tiles for the int8 products of 4-bit weights (DG_CPU_INT8_TILES=1).
+  bool amx_int8 = int8_tiles_requested();
 
   // Whether weight products run on AMX tiles in bf16.
   bool bf16_tiles() const { return precision == Precision::kFast && isa == Isa::kAmx; }
@@ -83,16 +88,23 @@ struct KernelContext {
     return precision == Precision::kFast && isa == Isa::kAvx512 && cpu_features().avx512bf16;
   }
   // Whether a quantized weight's products take 8-bit integer activations: 4-bit weights on AVX2
-  // and AVX-512 CPUs (the AVX2 kernel; measured faster than dequantised fp32 on a Zen 3 and a
-  // Zen 4). AMX machines keep their bf16 tiles.
+  // and AVX-512 CPUs (measured faster than dequantised fp32 on a Zen 3 and a Zen 4). AMX machines
+  // keep their bf16 tiles unless `amx_int8` opts in to the int8 tiles.
   bool int8_products(const QuantizedMatrix& q) const {
-    return precision == Precision::kFast && (isa == Isa::kAvx2 || isa == Isa::kAvx512) && kernels::int8::supported(q);
+    const bool isa_ok = isa == Isa::kAvx2 || isa == Isa::kAvx512 || int8_tiles();
+    return precision == Precision::kFast && isa_ok && kernels::int8::supported(q);
+  }
+  // Whether those int8 products run on AMX-INT8 tiles.
+  bool int8_tiles() const {
+    return amx_int8 && precision == Precision::kFast && isa == Isa::kAmx && cpu_features().amx_int8 &&
+           cpu_features().avx512vnni;
   }
   // The product path in words, for `dgemma info` and benchmark output.
   std::string path() const {
     std::string s = std::string(isa_name(isa)) + ", " + precision_name(precision);
     if (precision == Precision::kFast) {
-      if (bf16_tiles()) s += " (bf16 on AMX tiles)";
+      if (bf16_tiles() && int8_tiles()) s += " (bf16 on AMX tiles, int8 activations x 4-bit weights on AMX-INT8 tiles)";
+      else if (bf16_tiles()) s += " (bf16 on AMX tiles)";
       else if (bf16_dots()) s += " (bf16 dot products for the dense matrices but the router, int8 activations x 4-bit weights; otherwise exact)";
       else if (isa == Isa::kAvx2) s += " (int8 activations x 4-bit weights; otherwise exact)";
       else if (isa == Isa::kAvx512) s += " (int8 activations x 4-bit weights; otherwise exact: no AVX512-BF16)";
@@ -258,13 +270,36 @@ inline void int8_linear(const KernelContext& ctx, const QuantizedMatrix& q, cons
   a.codes = codes;
   a.scales = scales;
   const bool vector = DG_X86_KERNELS && ctx.isa >= Isa::kAvx2;
+  const auto quantize = [&](std::int64_t r0, std::int64_t r1) {
+    std::uint8_t* c = codes + r0 * k;
+    float* s = scales + r0 * a.chunks.count;
 #if DG_X86_KERNELS
-  if (vector) i8::avx2::quantize_activations(x, ldx, m, k, a.chunks, codes, scales);
+    if (vector) return i8::avx2::quantize_activations(x + r0 * ldx, ldx, r1 - r0, k, a.chunks, c, s);
 #endif
-  if (!vector) i8::quantize_activations_scalar(x, ldx, m, k, a.chunks, codes, scales);
+    i8::quantize_activations_scalar(x + r0 * ldx, ldx, r1 - r0, k, a.chunks, c, s);
+  };
+  // Rows are rounded independently, so when the product is shared between threads its rounding is
+  // too (on one thread it was a serial part as long as a tenth of a 2-thread product).
+  const int threads = resolve_threads(ctx.threads);
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  if (threads > 1 && work >= kMinSharedProduct && n > 32 && m >= 2 * threads) {
+    const std::int64_t piece = (m + threads - 1) / threads;
+    parallel_for(
+        threads, [&](std::int64_t t) { quantize(std::min(m, t * piece), std::min(m, (t + 1) * piece)); }, ctx.threads);
+  } else {
+    quantize(0, m);
+  }
   const i8::Form form = !vector ? i8::Form::kScalar
                         : ctx.isa >= Isa::kAvx512 && cpu_features().avx512vnni ? i8::Form::kAvx512Vnni
                                                                                 : i8::Form::kAvx2;
+#if DG_X86_KERNELS
+  if (ctx.int8_tiles() && i8::amx::k_step(a) > 0) {
+    over_columns(ctx, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
+      i8::amx::product_columns(q, a, n0, n1, y, ldy, accumulate);
+    });
+    return;
+  }
+#endif
   over_columns(ctx, m, n, k, [&](std::int64_t n0, std::int64_t n1) {
     i8::product_columns(q, a, n0, n1, y, ldy, accumulate, form);
   });

@@ -41,6 +41,21 @@ inline std::size_t packed_size(std::int64_t m, std::int64_t k) {
   return static_cast<std::size_t>(round_up(m, 32) * round_up(k, 32));
 }
 
+// The 64-byte tile configuration of palette 1 (8 tiles): bytes per row and rows of each tile.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+// ldtilecfg with the whole configuration as its memory operand. GCC 12's _tile_loadconfig tells
+// the compiler it reads only the first 8 bytes, so the stores of the tiles' widths could be
+// dropped as dead, and ldtilecfg then faults (rows without bytes); seen with the int8 tiles' one.
+// Plain asm needs no target attribute, so every kernel family's target region can call it.
+inline void load_config(const TileConfig& cfg) { __asm__ volatile("ldtilecfg %0" : : "m"(cfg)); }
+
 DG_BEGIN_TARGET_AMX
 
 // The bf16 operand layouts this file shares with the AVX512-BF16 dot products.
@@ -50,21 +65,13 @@ using avx512_bf16::load_bf16x32;
 using avx512_bf16::pack_activations_pairs;
 using avx512_bf16::store_transposed;
 
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
 inline void configure() {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
-  _tile_loadconfig(&cfg);
+  load_config(cfg);
 }
 
 // x [m, k] fp32 -> the A operand: bf16 rows, zero padded, cut into 16 x 32 tiles stored whole
