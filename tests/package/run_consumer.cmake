@@ -1,7 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # cmake -DMODE=... -DDG_SOURCE_DIR=... -DDG_BINARY_DIR=... -DWORK=... -P run_consumer.cmake
 # Configures, builds and runs tests/package/consumer in one of three ways.
+# Optional: -DCXX=<compiler> builds the consumer with that compiler instead of the default one.
 set(args -DMODE=${MODE} -DDG_SOURCE_DIR=${DG_SOURCE_DIR} -DCMAKE_BUILD_TYPE=Release)
+if(CXX)
+  list(APPEND args -DCMAKE_CXX_COMPILER=${CXX})
+endif()
+# Optional: -DENGINE=ON also builds and runs the getting-started example (the CPU engine).
+if(ENGINE)
+  list(APPEND args -DENGINE=ON)
+endif()
 if(MODE STREQUAL "find_package")
   set(stage ${WORK}/stage)
   file(REMOVE_RECURSE ${stage})
@@ -31,4 +39,11 @@ endif()
 execute_process(COMMAND ${build}/consumer ${DG_SOURCE_DIR}/tests/fixtures/dg_small RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "running the ${MODE} consumer failed")
+endif()
+if(ENGINE)
+  execute_process(COMMAND ${build}/consumer_engine ${DG_SOURCE_DIR}/models/dg-tiny-tasks "Sort ascending: 93 44 60 89 20"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "tokens per forward")
+    message(FATAL_ERROR "running the ${MODE} engine consumer failed (${rc}): ${out}")
+  endif()
 endif()

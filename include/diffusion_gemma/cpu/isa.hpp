@@ -34,28 +34,15 @@
 // and compiled per instruction set. Lambdas inside a region do not reliably inherit the target:
 // kernel code calls named functions only.
 #if defined(__clang__)
-#define DG_BEGIN_TARGET_AVX2 \
-  _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c\"))), apply_to = function)")
-#define DG_BEGIN_TARGET_AVX512                                                                               \
-  _Pragma(                                                                                                   \
-      "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq\"))), " \
-      "apply_to = function)")
-#define DG_BEGIN_TARGET_AVX512BF16                                                                \
-  _Pragma(                                                                                        \
-      "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq," \
-      "avx512bf16\"))), apply_to = function)")
-#define DG_BEGIN_TARGET_AVX512VNNI                                                                \
-  _Pragma(                                                                                        \
-      "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq," \
-      "avx512vnni\"))), apply_to = function)")
-#define DG_BEGIN_TARGET_AMX                                                                                  \
-  _Pragma(                                                                                                   \
-      "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,"       \
-      "avx512bf16,amx-tile,amx-bf16\"))), apply_to = function)")
-#define DG_BEGIN_TARGET_AMX_INT8                                                                             \
-  _Pragma(                                                                                                   \
-      "clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,"       \
-      "avx512vnni,amx-tile,amx-int8\"))), apply_to = function)")
+// One string literal per _Pragma: clang refuses adjacent literals there (GCC joins them).
+// clang-format off
+#define DG_BEGIN_TARGET_AVX2 _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AVX512 _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AVX512BF16 _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AVX512VNNI _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AMX _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AMX_INT8 _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8\"))), apply_to = function)")
+// clang-format on
 #define DG_END_TARGET _Pragma("clang attribute pop")
 #else
 // GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* pass-through operands) as
