@@ -1048,6 +1048,13 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
             std::vector<float> want = random_floats(static_cast<std::size_t>(M * ldy), gen);
             const std::vector<float> accumulated = want;
             const Int8Reference reference(m.q, x.data(), ldx, M, want.data(), ldy, false);
+            // Whether the M x rows outputs of `got` have the bits of `expected` (padding ignored).
+            const auto same_outputs = [&](const std::vector<float>& got, const std::vector<float>& expected) {
+              bool same = true;
+              for (std::int64_t r = 0; r < M; ++r)
+                for (std::int64_t n = 0; n < rows; ++n) same &= got[r * ldy + n] == expected[r * ldy + n];
+              return same;
+            };
             // The AVX2 path through linear(), on one and two threads, overwriting and accumulating.
             cpu::KernelContext ctx;
             ctx.isa = cpu::Isa::kAvx2;
@@ -1057,10 +1064,7 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
               ctx.threads = threads;
               std::vector<float> got = random_floats(want.size(), gen);
               cpu::linear(ctx, w, x.data(), ldx, M, got.data(), ldy);
-              bool same = true;
-              for (std::int64_t r = 0; r < M; ++r)
-                for (std::int64_t n = 0; n < rows; ++n) same &= got[r * ldy + n] == want[r * ldy + n];
-              CHECK(same);
+              CHECK(same_outputs(got, want));
             }
             std::vector<float> acc_got = accumulated;
             cpu::linear(ctx, w, x.data(), ldx, M, acc_got.data(), ldy, /*accumulate=*/true);
@@ -1081,10 +1085,7 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
               REQUIRE(wide.int8_products(m.q));
               std::vector<float> got(want.size());
               cpu::linear(wide, w, x.data(), ldx, M, got.data(), ldy);
-              bool same = true;
-              for (std::int64_t r = 0; r < M; ++r)
-                for (std::int64_t n = 0; n < rows; ++n) same &= got[r * ldy + n] == want[r * ldy + n];
-              CHECK(same);
+              CHECK(same_outputs(got, want));
             }
             // AMX-INT8 tiles give the same bits (blocks of 16 rows on the tiles, the rest on vpdpbusd).
             if (amx_int8) {
@@ -1097,17 +1098,11 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
                 tiles.threads = threads;
                 std::vector<float> got = random_floats(want.size(), gen);
                 cpu::linear(tiles, w, x.data(), ldx, M, got.data(), ldy);
-                bool same = true;
-                for (std::int64_t r = 0; r < M; ++r)
-                  for (std::int64_t n = 0; n < rows; ++n) same &= got[r * ldy + n] == want[r * ldy + n];
-                CHECK(same);
+                CHECK(same_outputs(got, want));
               }
               std::vector<float> acc_tiles = accumulated;
               cpu::linear(tiles, w, x.data(), ldx, M, acc_tiles.data(), ldy, /*accumulate=*/true);
-              bool acc_same = true;
-              for (std::int64_t r = 0; r < M; ++r)
-                for (std::int64_t n = 0; n < rows; ++n) acc_same &= acc_tiles[r * ldy + n] == acc_got[r * ldy + n];
-              CHECK(acc_same);
+              CHECK(same_outputs(acc_tiles, acc_got));
               i8::Activations shape;
               shape.k = cols;
               shape.chunks = i8::chunks_of(m.q);

@@ -16,7 +16,7 @@
 // The tiles take blocks of 16 rows (a partial last block padded to 16) and chunks cut into whole K
 // steps of 64 (or 32) inputs; a last block of fewer than kMinTileRows rows, and matrices whose
 // chunks are not a multiple of 32 inputs, take the VNNI kernel.
-// Tiles: 0 and 1 (and 6 and 7 in the panel-pair form) accumulate, 2 and 3 hold activations, 4 and
+// Tiles: 0, 1, 6 and 7 accumulate (two panels, alternate chunks), 2 and 3 hold activations, 4 and
 // 5 panels. The tile state is released at the end of every call, as in amx.hpp.
 #pragma once
 
@@ -45,77 +45,24 @@ DG_BEGIN_TARGET_AMX_INT8
 inline void configure(std::int64_t step) {
   kernels::amx::TileConfig t;
   for (int i = 0; i < 2; ++i) {
-    t.rows[i] = 16;  // int32 sums, 16 rows x 16 columns (tiles 0 and 1)
+    t.rows[i] = 16;  // int32 sums of even chunks, 16 rows x 16 columns (tiles 0 and 1)
     t.colsb[i] = 64;
     t.rows[2 + i] = 16;  // activation codes, 16 rows x `step` inputs (tiles 2 and 3)
     t.colsb[2 + i] = static_cast<std::uint16_t>(step);
     t.rows[4 + i] = static_cast<std::uint8_t>(step / 4);  // panel quads, `step` / 4 rows x 16 columns x 4 (4, 5)
     t.colsb[4 + i] = 64;
-    t.rows[6 + i] = 16;  // int32 sums of the second chunk parity in the panel-pair form (6 and 7)
+    t.rows[6 + i] = 16;  // int32 sums of odd chunks (6 and 7)
     t.colsb[6 + i] = 64;
   }
   kernels::amx::load_config(t);
 }
 
-// Chunk `ch`'s int32 sums of rows [r0, r0 + 16) into tile `tc` (from the panel's offsets: a tile
-// loaded with row stride 0, every row the same 16), with activations in `ta` and the panel in `tb`.
-// A macro because the tile numbers must be literals.
-#define DG_INT8_AMX_CHUNK(tc, ta, tb, ch)                                            \
-  do {                                                                              \
-    const std::int64_t c0_ = (ch) * a.chunks.length;                                \
-    const std::int64_t c1_ = std::min(a.k, c0_ + a.chunks.length);                  \
-    _tile_loadd(tc, p.offset + (ch) * kPanel, 0);                                   \
-    for (std::int64_t c_ = c0_; c_ < c1_; c_ += step) {                             \
-      _tile_loadd(ta, codes + c_, a.k);                                             \
-      _tile_loadd(tb, p.values + c_ * kPanel, 64);                                  \
-      _tile_dpbusd(tc, ta, tb);                                                     \
-    }                                                                               \
-  } while (0)
-
-// Rows [r0, r0 + 16) of `a` times panel `p` into y[r0.., 0..nvalid). Chunks alternate between
-// tiles 0 and 1: the tiles sum chunk ch + 1 while the vector units scale chunk ch's sums, which
-// take longer than the tile product itself (the scale is per chunk, so the sums leave the tiles
-// once per 32 or 64 inputs).
-inline void block_product(const Activations& a, std::int64_t r0, std::int64_t rows, const Panel& p, std::int64_t step,
-                          std::int64_t nvalid, float* y, std::int64_t ldy, bool accumulate) {
-  alignas(64) std::int32_t sums[2][16 * kPanel];
-  __m512 f[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) f[i] = _mm512_setzero_ps();
-  const std::uint8_t* codes = a.codes + r0 * a.k;
-  const float* ascale = a.scales + r0 * a.chunks.count;
-  DG_INT8_AMX_CHUNK(0, 2, 4, 0);
-  for (std::int64_t ch = 0; ch < a.chunks.count; ++ch) {
-    const bool odd = ch & 1;
-    if (ch + 1 < a.chunks.count) {
-      if (odd) DG_INT8_AMX_CHUNK(0, 2, 4, ch + 1);
-      else DG_INT8_AMX_CHUNK(1, 3, 5, ch + 1);
-    }
-    std::int32_t* s = sums[odd];
-    if (odd) _tile_stored(1, s, 64);
-    else _tile_stored(0, s, 64);
-    const __m512 ws = _mm512_loadu_ps(p.scale + ch * kPanel);
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) {
-      const __m512 as = _mm512_set1_ps(ascale[i * a.chunks.count + ch]);
-      f[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(s + i * kPanel)), _mm512_mul_ps(ws, as), f[i]);
-    }
-  }
-  const __mmask16 m = avx512::lanes(nvalid);
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) {
-    if (i < rows) {
-      float* out = y + (r0 + i) * ldy;
-      _mm512_mask_storeu_ps(out, m, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, out), f[i]) : f[i]);
-    }
-  }
-}
-
-// Two neighbouring panels at once: each 16-row activation tile serves both (it comes from L2,
-// where a product's codes do not fit L1, so loading it once per panel pair halves that traffic).
-// Chunks alternate between tiles {0, 1} with activations in 2 and {6, 7} with activations in 3;
-// the panels' tiles 4 and 5 serve both.
-#define DG_INT8_AMX_PAIR_CHUNK(t0, t1, ta, ch)                                       \
+// Chunk `ch`'s int32 sums of rows [r0, r0 + 16) times two neighbouring panels into tiles t0 and t1
+// (each starts from its panel's offsets: a tile loaded with row stride 0, every row the same 16),
+// with the activations in `ta` and the panels in 4 and 5. A macro because tile numbers must be
+// literals. One activation tile serves both panels: it comes from L2, where a product's codes do
+// not fit L1, so loading it once per panel pair halves that traffic.
+#define DG_INT8_AMX_CHUNK(t0, t1, ta, ch)                                       \
   do {                                                                              \
     const std::int64_t c0_ = (ch) * a.chunks.length;                                \
     const std::int64_t c1_ = std::min(a.k, c0_ + a.chunks.length);                  \
@@ -130,21 +77,27 @@ inline void block_product(const Activations& a, std::int64_t r0, std::int64_t ro
     }                                                                               \
   } while (0)
 
-inline void block_product_pair(const Activations& a, std::int64_t r0, std::int64_t rows, const Panel& p0,
-                               const Panel& p1, std::int64_t step, std::int64_t nvalid1, float* y, std::int64_t ldy,
-                               bool accumulate) {
+// Rows [r0, r0 + rows) of `a` (rows <= 16; the block is read whole) times panels p0 and p1 into
+// y[r0.., 0..nvalid0) and y[r0.., 16..16 + nvalid1) (nvalid1 = 0: p1 is not stored, a last odd
+// panel). Chunks alternate between sum tiles {0, 1} (activations in 2) and {6, 7} (activations in
+// 3): the tiles sum chunk ch + 1 while the vector units scale chunk ch's sums, which takes longer
+// than the tile product itself (the scale is per chunk, so the sums leave the tiles once per 32 or
+// 64 inputs).
+inline void block_product(const Activations& a, std::int64_t r0, std::int64_t rows, const Panel& p0, const Panel& p1,
+                          std::int64_t step, std::int64_t nvalid0, std::int64_t nvalid1, float* y, std::int64_t ldy,
+                          bool accumulate) {
   alignas(64) std::int32_t sums[2][16 * kPanel];
   __m512 f0[16], f1[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) f0[i] = f1[i] = _mm512_setzero_ps();
   const std::uint8_t* codes = a.codes + r0 * a.k;
   const float* ascale = a.scales + r0 * a.chunks.count;
-  DG_INT8_AMX_PAIR_CHUNK(0, 1, 2, 0);
+  DG_INT8_AMX_CHUNK(0, 1, 2, 0);
   for (std::int64_t ch = 0; ch < a.chunks.count; ++ch) {
     const bool odd = ch & 1;
     if (ch + 1 < a.chunks.count) {
-      if (odd) DG_INT8_AMX_PAIR_CHUNK(0, 1, 2, ch + 1);
-      else DG_INT8_AMX_PAIR_CHUNK(6, 7, 3, ch + 1);
+      if (odd) DG_INT8_AMX_CHUNK(0, 1, 2, ch + 1);
+      else DG_INT8_AMX_CHUNK(6, 7, 3, ch + 1);
     }
     if (odd) {
       _tile_stored(6, sums[0], 64);
@@ -161,12 +114,12 @@ inline void block_product_pair(const Activations& a, std::int64_t r0, std::int64
       f1[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[1] + i * kPanel)), _mm512_mul_ps(ws1, as), f1[i]);
     }
   }
-  const __mmask16 m1 = avx512::lanes(nvalid1);
+  const __mmask16 m0 = avx512::lanes(nvalid0), m1 = avx512::lanes(nvalid1);
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) {
     if (i < rows) {
       float* out = y + (r0 + i) * ldy;
-      _mm512_storeu_ps(out, accumulate ? _mm512_add_ps(_mm512_loadu_ps(out), f0[i]) : f0[i]);
+      _mm512_mask_storeu_ps(out, m0, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m0, out), f0[i]) : f0[i]);
       _mm512_mask_storeu_ps(out + kPanel, m1,
                             accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m1, out + kPanel), f1[i]) : f1[i]);
     }
@@ -174,7 +127,6 @@ inline void block_product_pair(const Activations& a, std::int64_t r0, std::int64
 }
 
 #undef DG_INT8_AMX_CHUNK
-#undef DG_INT8_AMX_PAIR_CHUNK
 
 // Fewest rows of a partial block worth a whole tile: below, the VNNI kernel's cost per row (about
 // five times a tile row's) is less than the 16 rows the tile computes.
@@ -215,23 +167,19 @@ inline void product_columns(const QuantizedMatrix& q, const Activations& a, std:
   for (std::int64_t c = n0; c < n1; c += 2 * kPanel) {
     const std::int64_t nvalid0 = std::min(kPanel, n1 - c);
     avx512vnni::unpack_panel(q, c, a.chunks, p0);
-    if (c + kPanel < n1) {
-      const std::int64_t nvalid1 = std::min(kPanel, n1 - c - kPanel);
-      avx512vnni::unpack_panel(q, c + kPanel, a.chunks, p1);
-      for (std::int64_t r = 0; r < full; r += 16) block_product_pair(a, r, 16, p0, p1, step, nvalid1, y + c, ldy, accumulate);
-      if (tiled_tail) {
-        block_product_pair(rest, 0, tail, p0, p1, step, nvalid1, y_tail + c, ldy, accumulate);
-      } else if (tail > 0) {
-        avx512vnni::panel_product(rest, p0, nvalid0, y_tail + c, ldy, accumulate);
-        avx512vnni::panel_product(rest, p1, nvalid1, y_tail + c + kPanel, ldy, accumulate);
-      }
-      continue;
+    // A last odd panel goes through the pair kernel with itself as the second, which is not stored.
+    const bool two = c + kPanel < n1;
+    const std::int64_t nvalid1 = two ? std::min(kPanel, n1 - c - kPanel) : 0;
+    if (two) avx512vnni::unpack_panel(q, c + kPanel, a.chunks, p1);
+    const Panel& second = two ? p1 : p0;
+    for (std::int64_t r = 0; r < full; r += 16) {
+      block_product(a, r, 16, p0, second, step, nvalid0, nvalid1, y + c, ldy, accumulate);
     }
-    for (std::int64_t r = 0; r < full; r += 16) block_product(a, r, 16, p0, step, nvalid0, y + c, ldy, accumulate);
     if (tiled_tail) {
-      block_product(rest, 0, tail, p0, step, nvalid0, y_tail + c, ldy, accumulate);
+      block_product(rest, 0, tail, p0, second, step, nvalid0, nvalid1, y_tail + c, ldy, accumulate);
     } else if (tail > 0) {
       avx512vnni::panel_product(rest, p0, nvalid0, y_tail + c, ldy, accumulate);
+      if (two) avx512vnni::panel_product(rest, p1, nvalid1, y_tail + c + kPanel, ldy, accumulate);
     }
   }
   if (tiles) _tile_release();
