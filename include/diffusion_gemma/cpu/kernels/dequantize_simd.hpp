@@ -120,6 +120,13 @@ inline __m512i dq_codes32(const std::byte* row, std::int64_t c) {
   return _mm512_cvtepu8_epi16(both);
 }
 
+// Rows ahead whose codes are requested while a row is dequantised. The codes are read once, in row
+// order, from memory, and without the requests the loop waited on them: perf put a quarter of its
+// samples on the instruction after their load (the hardware prefetchers do not cross 4 KiB pages,
+// and every matrix, expert by expert, starts a new stream). Measured on the AMX Xeon, medium W4A16
+// in paired steps: backbone 0.130 -> 0.117-0.122 s (2 to 16 rows ahead were within noise).
+inline constexpr std::int64_t kDequantizeAhead = 4;
+
 // Rows [r0, r0 + n) of a compressed-tensors matrix; returns false (nothing written) for a layout
 // this path does not take (then the scalar form runs).
 template <DType S>
@@ -135,6 +142,10 @@ inline bool dequantize_rows(const QuantizedMatrix& q, std::int64_t r0, std::int6
   for (std::int64_t r = 0; r < n; ++r) {
     const std::int64_t R = r0 + r;
     const std::byte* row = q.values.data + R * row_bytes;
+    if (R + kDequantizeAhead < q.rows) {
+      const char* ahead = reinterpret_cast<const char*>(row + kDequantizeAhead * row_bytes);
+      for (std::int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+    }
     std::byte* dst = out + r * K * static_cast<std::int64_t>(dtype_size(S));
     for (std::int64_t gi = 0; gi < groups.count; ++gi) {
       const std::int64_t c0 = gi * groups.width, c1 = c0 + groups.width < K ? c0 + groups.width : K;
