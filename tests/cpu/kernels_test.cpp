@@ -1055,17 +1055,22 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
                 for (std::int64_t n = 0; n < rows; ++n) same &= got[r * ldy + n] == expected[r * ldy + n];
               return same;
             };
+            // `want` from linear() on one and two threads, over a C of noise.
+            const auto check_threads = [&](cpu::KernelContext c) {
+              for (int threads : {1, 2}) {
+                c.threads = threads;
+                std::vector<float> got = random_floats(want.size(), gen);
+                cpu::linear(c, w, x.data(), ldx, M, got.data(), ldy);
+                CHECK(same_outputs(got, want));
+              }
+            };
             // The AVX2 path through linear(), on one and two threads, overwriting and accumulating.
             cpu::KernelContext ctx;
             ctx.isa = cpu::Isa::kAvx2;
             ctx.precision = cpu::Precision::kFast;
             REQUIRE(ctx.int8_products(m.q));
-            for (int threads : {1, 2}) {
-              ctx.threads = threads;
-              std::vector<float> got = random_floats(want.size(), gen);
-              cpu::linear(ctx, w, x.data(), ldx, M, got.data(), ldy);
-              CHECK(same_outputs(got, want));
-            }
+            check_threads(ctx);
+            ctx.threads = 2;
             std::vector<float> acc_got = accumulated;
             cpu::linear(ctx, w, x.data(), ldx, M, acc_got.data(), ldy, /*accumulate=*/true);
             bool acc_ok = true;
@@ -1094,12 +1099,7 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
               tiles.amx_int8 = true;
               REQUIRE(tiles.int8_tiles());
               REQUIRE(tiles.int8_products(m.q));
-              for (int threads : {1, 2}) {
-                tiles.threads = threads;
-                std::vector<float> got = random_floats(want.size(), gen);
-                cpu::linear(tiles, w, x.data(), ldx, M, got.data(), ldy);
-                CHECK(same_outputs(got, want));
-              }
+              check_threads(tiles);
               std::vector<float> acc_tiles = accumulated;
               cpu::linear(tiles, w, x.data(), ldx, M, acc_tiles.data(), ldy, /*accumulate=*/true);
               CHECK(same_outputs(acc_tiles, acc_got));
