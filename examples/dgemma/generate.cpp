@@ -311,9 +311,10 @@ int cmd_generate(const std::vector<std::string>& args) {
     std::ostringstream steps_text;
     for (std::size_t i = 0; i < steps.size(); ++i) steps_text << (i ? "," : "") << steps[i];
     std::fprintf(stderr,
-                 "\n[%zu tokens, %zu canvases, steps per canvas %s, %.2f tokens/forward, %.1f tokens/s, "
+                 "\n[%zu token%s, %zu canvas%s, steps per canvas %s, %.2f tokens/forward, %.1f tokens/s, "
                  "first commit after %.2f s, %s]\n",
-                 out.size(), r.canvases.size(), steps_text.str().c_str(), r.tokens_per_forward,
+                 out.size(), out.size() == 1 ? "" : "s", r.canvases.size(), r.canvases.size() == 1 ? "" : "es",
+                 steps_text.str().c_str(), r.tokens_per_forward,
                  gen_seconds > 0 ? static_cast<double>(out.size()) / gen_seconds : 0.0, r.first_commit_seconds,
                  dg::to_string(r.finish));
   }

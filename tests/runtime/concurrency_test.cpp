@@ -70,6 +70,16 @@ TEST_CASE("requests beyond the memory budget or the context are refused before a
   CHECK_NOTHROW(d.plan(3, o));
   o.scheduler.max_new_tokens = 1000;  // max_position_embeddings is 512
   CHECK_THROWS_WITH(d.plan(3, o), Catch::Matchers::Contains("beyond max_position_embeddings 512"));
+  // Canvases of 12 are denoised whole: after 3 prompt tokens, 42 of them (504 tokens) fit in 512
+  // positions, and the message names that figure rather than the 509 positions left.
+  CHECK_THROWS_WITH(d.plan(3, o), Catch::Matchers::Contains("at most 504 new tokens fit"));
+  o.scheduler.max_new_tokens = 504;
+  CHECK_NOTHROW(d.plan(3, o));
+  o.scheduler.max_new_tokens = 505;
+  CHECK_THROWS(d.plan(3, o));
+  CHECK(CanvasScheduler<>::max_new_tokens_that_fit(model->config(), 3, 1 << 30) == 504);
+  CHECK(CanvasScheduler<>::max_new_tokens_that_fit(model->config(), 3, 30) == 30);
+  CHECK(CanvasScheduler<>::max_new_tokens_that_fit(model->config(), 505, 100) == 0);
   o.scheduler.max_new_tokens = 0;
   CHECK_THROWS_WITH(d.plan(3, o), Catch::Matchers::Contains("max new tokens must be positive"));
   o.scheduler.max_new_tokens = 12;

@@ -46,6 +46,24 @@ class OpenAIClient(unittest.TestCase):
         finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         self.assertEqual(finals, ["stop"])
         self.assertIsNotNone(chunks[-1].usage)
+        # Reported once: clients that add up every chunk's usage (LangChain) must not count it twice.
+        self.assertEqual(sum(1 for c in chunks if c.usage is not None), 1)
+
+    def test_defaults_of_other_clients(self):
+        # What LangChain, llama-index and others send by default (a temperature, top_p) is accepted
+        # without effect and named in X-Dgemma-Ignored; the answer is the one without them.
+        plain = self.chat(seed=7).choices[0].message.content
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "Add: 417 + 385"}], seed=7, temperature=0.1, top_p=0.95)
+        self.assertEqual(raw.parse().choices[0].message.content, plain)
+        self.assertEqual(raw.headers.get("x-dgemma-ignored"), "temperature, top_p")
+        # A conversation that hands the SDK's own message object back.
+        first = self.chat("Add: 1 + 2", seed=7).choices[0].message
+        again = self.client.chat.completions.create(
+            model=MODEL, seed=7,
+            messages=[{"role": "user", "content": "Add: 1 + 2"}, first.model_dump(),
+                      {"role": "user", "content": "Add: 417 + 385"}])
+        self.assertEqual(again.choices[0].finish_reason, "stop")
 
     def test_drafts_are_not_content(self):
         whole = self.chat(seed=5).choices[0].message.content
@@ -67,8 +85,11 @@ class OpenAIClient(unittest.TestCase):
             self.client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
         self.assertEqual(e.exception.code, "model_not_found")
         with self.assertRaises(openai.BadRequestError) as e:
-            self.chat(temperature=0.3)
+            self.chat(temperature=3)
         self.assertEqual(e.exception.param, "temperature")
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.chat(response_format={"type": "json_object"})
+        self.assertEqual(e.exception.param, "response_format")
         with self.assertRaises(openai.BadRequestError) as e:
             self.chat(max_tokens=0)
         self.assertEqual(e.exception.param, "max_tokens")

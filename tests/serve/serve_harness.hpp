@@ -144,6 +144,7 @@ struct Reply {
   bool done = false;         // saw data: [DONE]
   bool comments = false;     // saw a ": ..." comment line
   std::string error;         // the client's error when status is 0
+  httplib::Headers headers;  // the response's headers
 };
 
 // Splits an SSE body into its data events.
@@ -169,7 +170,7 @@ inline void parse_sse(const std::string& text, Reply& r) {
 // POST with a body; with `hang_up_after` > 0 the client closes the connection after that many
 // bytes of the response body (a client that goes away mid-stream).
 inline Reply post(int port, const std::string& path, const std::string& body, const std::string& api_key = "",
-                  std::size_t hang_up_after = 0) {
+                  std::size_t hang_up_after = 0, const std::string& authorization = "") {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(120, 0);
   cli.set_write_timeout(30, 0);
@@ -179,6 +180,7 @@ inline Reply post(int port, const std::string& path, const std::string& body, co
   req.body = body;
   req.set_header("Content-Type", "application/json");
   if (!api_key.empty()) req.set_header("Authorization", "Bearer " + api_key);
+  if (!authorization.empty()) req.set_header("Authorization", authorization);
   std::string received;
   req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
     received.append(data, n);
@@ -189,6 +191,7 @@ inline Reply post(int port, const std::string& path, const std::string& body, co
   Reply r;
   if (cli.send(req, res, err)) {
     r.status = res.status;
+    r.headers = res.headers;
   } else {
     r.error = httplib::to_string(err);
   }
@@ -206,8 +209,15 @@ inline Reply get(int port, const std::string& path, const std::string& api_key =
   if (auto res = cli.Get(path.c_str(), h)) {
     r.status = res->status;
     r.body = res->body;
+    r.headers = res->headers;
   }
   return r;
+}
+
+// A response header's value ("" when absent).
+inline std::string header(const Reply& r, const std::string& name) {
+  const auto it = r.headers.find(name);
+  return it == r.headers.end() ? std::string() : it->second;
 }
 
 // The text of a stream: its content deltas (chat) or text pieces (completions), drafts excluded.

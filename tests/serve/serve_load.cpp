@@ -62,7 +62,7 @@ Job make_job(int i) {
   if (i % 16 == 5) {
     j.kind = Kind::kMalformed;
     const char* bad[] = {R"({"model":")", R"({"model":"dg-tiny-tasks","messages":[{"role":"user","content":"x"}],"max_tokens":"many"})",
-                         R"({"model":"dg-tiny-tasks","messages":[{"role":"user","content":"x"}],"bogus":1})"};
+                         R"({"model":"dg-tiny-tasks","messages":[{"role":"tool","content":"x"}]})"};
     j.body = bad[(i / 16) % 3];
     return j;
   }

@@ -5,6 +5,7 @@
 // OpenAI's error JSON, the API key, a client hanging up mid-stream, overload (429), metrics, and a
 // graceful SIGTERM.
 //   dg_serve_tests DGEMMA MODEL_DIR
+#include <csignal>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -144,15 +145,29 @@ void contract(int port) {
                400, "messages[0].content", "invalid_type", "content not a string");
   expect_error(post(port, "/v1/chat/completions", R"({"model":"gpt-4","messages":[{"role":"user","content":"hi"}]})"), 404,
                "model", "model_not_found", "unknown model");
-  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_token":5)")), 400, "max_token",
-               "unknown_parameter", "unknown field");
   expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"dgemma":{"t_mn":0.1})")), 400, "dgemma.t_mn",
                "unknown_parameter", "unknown extension field");
   expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"dgemma":{"t_min":0.9,"t_max":0.5})")), 400,
                "dgemma.t_max", "invalid_value", "t_max <= t_min");
   expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"n":2)")), 400, "n", "invalid_value", "n != 1");
-  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"temperature":0.2)")), 400, "temperature",
-               "invalid_value", "temperature");
+  // What clients send by default and this sampler has no counterpart for (a temperature, top_p, an
+  // unknown field) is accepted without effect, and named; the answer is the one without them.
+  auto tempered = post(port, "/v1/chat/completions",
+                       chat_body("Add: 417 + 385", R"(,"seed":7,"temperature":0.2,"top_p":0.9,"max_token":5)"));
+  CHECK(tempered.status == 200 && json::parse(tempered.body)["choices"][0]["message"]["content"] == ref["text"],
+        tempered.body);
+  CHECK(header(tempered, "X-Dgemma-Ignored") == "max_token, temperature, top_p", header(tempered, "X-Dgemma-Ignored"));
+  CHECK(header(tempered, "X-Dgemma-Seed") == "7", header(tempered, "X-Dgemma-Seed"));
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"temperature":5)")), 400, "temperature",
+               "invalid_value", "temperature out of OpenAI's range");
+  // An assistant turn handed back as the openai SDK's model_dump() writes it.
+  auto history = post(port, "/v1/chat/completions",
+                      R"({"model":")" + kModelId + R"(","messages":[{"role":"user","content":"Add: 1 + 2"},)" +
+                          R"({"role":"assistant","content":"3","refusal":null,"annotations":[],"audio":null,)" +
+                          R"("function_call":null,"tool_calls":null},{"role":"user","content":"Add: 417 + 385"}]})");
+  CHECK(history.status == 200, history.body);
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_tokens":1e400)")), 400, "", "invalid_json",
+               "a number beyond a double");
   expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_tokens":0)")), 400, "max_tokens",
                "invalid_value", "max_tokens 0");
   expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_tokens":-3)")), 400, "max_tokens",
@@ -172,6 +187,36 @@ void contract(int port) {
   expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"stop":[1])")), 400, "stop[0]", "invalid_type",
                "stop not strings");
   expect_error(get(port, "/v1/nothing"), 404, "", "unknown_route", "unknown route");
+  const Reply wrong_method = get(port, "/v1/chat/completions");
+  expect_error(wrong_method, 405, "", "method_not_allowed", "GET on a POST route");
+  CHECK(header(wrong_method, "Allow") == "POST, OPTIONS", header(wrong_method, "Allow"));
+  {
+    // A chunked body is bounded by --max-body-bytes like one with a Content-Length.
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(30, 0);
+    std::size_t sent = 0;
+    auto res = cli.Post("/v1/chat/completions",
+                        [&sent](std::size_t, httplib::DataSink& sink) {
+                          const std::string piece(4096, ' ');
+                          if (sent >= (std::size_t{1} << 20)) {
+                            sink.done();
+                            return true;
+                          }
+                          sent += piece.size();
+                          return sink.write(piece.data(), piece.size());
+                        },
+                        "application/json");
+    CHECK(res && res->status == 413, res ? res->body : std::string("no response to a chunked body over the limit"));
+  }
+  // A prompt near max_position_embeddings without max_tokens: the default is shortened to the whole
+  // canvases that fit instead of refusing a field the client never sent.
+  // (481 tokens: 31 positions are left, one 16-token canvas, where the checkpoint's default is 48.)
+  std::string near_limit;
+  for (int i = 0; i < 240; ++i) near_limit += "a ";
+  auto fitted = post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":")" + near_limit + "\"}");
+  CHECK(fitted.status == 200 && json::parse(fitted.body)["usage"]["prompt_tokens"] == 481 &&
+            json::parse(fitted.body)["usage"]["completion_tokens"].get<int>() <= 16,
+        fitted.body);
   // Still serving after all that.
   auto again = post(port, "/v1/chat/completions", chat_body("Add: 417 + 385", R"(,"seed":7)"));
   CHECK(again.status == 200 && json::parse(again.body)["choices"][0]["message"]["content"] == ref["text"], again.body);
@@ -213,8 +258,32 @@ void contract(int port) {
 
 void api_key_and_overload(const std::string& key) {
   ServerProcess s(g_dgemma, {"--model", g_model, "--threads", "1", "--api-key", key, "--max-batch", "1", "--max-queue",
-                             "1", "--shutdown-timeout", "120"});
+                             "1", "--shutdown-timeout", "120", "--strict", "--cors-origin", "https://app.example"});
   const int port = s.port();
+  // --strict: OpenAI's own refusals of what this server does not know or cannot honour.
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_token":5)"), key), 400, "max_token",
+               "unknown_parameter", "unknown field under --strict");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"temperature":0.2)"), key), 400, "temperature",
+               "invalid_value", "temperature under --strict");
+  // The API key's scheme name in any case (RFC 7235).
+  CHECK(post(port, "/v1/chat/completions", chat_body("Add: 1 + 2"), "", 0, "bearer " + key).status == 200,
+        "lower-case bearer");
+  {
+    // A browser's CORS preflight carries no key; the configured origin is allowed, others are not.
+    httplib::Client cli("127.0.0.1", port);
+    auto pre = cli.Options("/v1/chat/completions", {{"Origin", "https://app.example"},
+                                                    {"Access-Control-Request-Method", "POST"},
+                                                    {"Access-Control-Request-Headers", "authorization, content-type"}});
+    CHECK(pre && pre->status == 204, pre ? std::to_string(pre->status) + pre->body : "no reply to a preflight");
+    CHECK(pre && pre->get_header_value("Access-Control-Allow-Origin") == "https://app.example", "allow-origin");
+    CHECK(pre && pre->get_header_value("Access-Control-Allow-Headers") == "authorization, content-type", "allow-headers");
+    auto other = cli.Options("/v1/chat/completions", {{"Origin", "https://evil.example"},
+                                                      {"Access-Control-Request-Method", "POST"}});
+    CHECK(other && !other->has_header("Access-Control-Allow-Origin"), "another origin must not be allowed");
+    auto models = cli.Get("/v1/models", {{"Origin", "https://app.example"}, {"Authorization", "Bearer " + key}});
+    CHECK(models && models->status == 200 && models->get_header_value("Access-Control-Allow-Origin") == "https://app.example",
+          "CORS header on an answer");
+  }
   expect_error(post(port, "/v1/chat/completions", chat_body("hi")), 401, "", "invalid_api_key", "no API key");
   expect_error(post(port, "/v1/chat/completions", chat_body("hi"), "wrong"), 401, "", "invalid_api_key", "wrong API key");
   expect_error(get(port, "/v1/models", "wrong"), 401, "", "invalid_api_key", "wrong API key on /v1/models");
@@ -271,6 +340,9 @@ int main(int argc, char** argv) {
   }
   g_dgemma = argv[1];
   g_model = argv[2];
+  // The server closes a connection whose body is over the limit while the client still writes it:
+  // that write must fail, not kill this process.
+  std::signal(SIGPIPE, SIG_IGN);
   try {
     {
       ServerProcess s(g_dgemma, {"--model", g_model, "--threads", "1", "--max-body-bytes", "65536"});

@@ -61,23 +61,26 @@ std::pair<std::string, std::string> stream(const std::string& text, int canvas, 
   return {out, reason};
 }
 
-ApiLimits limits() {
+ApiLimits limits(bool strict = false) {
   ApiLimits l;
   l.model_id = "m";
   l.default_max_tokens = 48;
   l.max_tokens_limit = 512;
+  l.strict = strict;
   return l;
 }
 
-int status_of(const std::string& body, std::string* param = nullptr, bool chat = true) {
+int status_of(const std::string& body, std::string* param = nullptr, bool chat = true, bool strict = false) {
   try {
-    chat ? parse_chat_request(body, limits()) : parse_completion_request(body, limits());
+    chat ? parse_chat_request(body, limits(strict)) : parse_completion_request(body, limits(strict));
   } catch (const ApiError& e) {
     if (param) *param = e.param();
     return e.status();
   }
   return 200;
 }
+
+std::vector<std::string> ignored_of(const std::string& body) { return parse_chat_request(body, limits()).ignored; }
 
 }  // namespace
 
@@ -136,11 +139,19 @@ TEST_CASE("serve: request checks name the field at fault", "[serve]") {
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"max_completion_tokens":11})",
                   &p) == 400);
   CHECK(p == "max_completion_tokens");
-  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"top_p":0.5})", &p) == 400);
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"top_p":0.5})", &p, true, true) == 400);
   CHECK(p == "top_p");
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1,"top_p":1,"n":1})") == 200);
-  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-1})", &p) == 400);
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-2})", &p) == 400);
   CHECK(p == "seed");
+  CHECK(parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-1})", limits()).random_seed);
+  // Numbers beyond a double are a client's JSON error, not a server failure.
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1e400})", &p) == 400);
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":2})", &p) == 400);
+  CHECK(p == "n");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})",
+                  &p) == 400);
+  CHECK(p == "response_format");
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stop":["a","b","c","d","e"]})", &p) == 400);
   CHECK(p == "stop");
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"dgemma":{"stream_drafts":true}})", &p) == 400);
@@ -150,6 +161,11 @@ TEST_CASE("serve: request checks name the field at fault", "[serve]") {
   CHECK(p == "dgemma.max_denoising_steps");
   CHECK(status_of(R"({"model":"m","prompt":["a","b"]})", &p, false) == 400);
   CHECK(p == "prompt");
+  CHECK(status_of(R"({"model":"m","prompt":[2,-1]})", &p, false) == 400);
+  CHECK(p == "prompt[1]");
+  const auto ids = parse_completion_request(R"({"model":"m","prompt":[[2,17,5]]})", limits());
+  CHECK(ids.prompt_is_ids);
+  CHECK(ids.prompt_ids == std::vector<std::int64_t>{2, 17, 5});
   CHECK(status_of(R"({"model":"m","prompt":"x","echo":true})", &p, false) == 400);
   CHECK(p == "echo");
 
@@ -163,4 +179,39 @@ TEST_CASE("serve: request checks name the field at fault", "[serve]") {
   CHECK(r.stream_drafts);
   CHECK(*r.sampler.max_denoising_steps == 5);
   CHECK(parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}]})", limits()).max_tokens == 48);
+  CHECK(!parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}]})", limits()).max_tokens_given);
+  CHECK(r.max_tokens_given);
+}
+
+TEST_CASE("serve: what clients send by default is accepted; what cannot be honoured is named, or refused under --strict",
+          "[serve]") {
+  std::string p;
+  // Sampling values this sampler has no counterpart for: ignored and named (vLLM's and llama.cpp's
+  // behaviour), with their type and range still checked.
+  CHECK(ignored_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0,"top_p":0.9,"top_k":40,
+                      "min_p":0.05,"repetition_penalty":1.1,"presence_penalty":0.5})") ==
+        std::vector<std::string>{"min_p", "presence_penalty", "repetition_penalty", "temperature", "top_k", "top_p"});
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":3})", &p) == 400);
+  CHECK(p == "temperature");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":"hot"})", &p) == 400);
+  CHECK(p == "temperature");
+  // Neutral values and request bookkeeping are accepted silently.
+  CHECK(ignored_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1,"top_k":-1,"min_p":0,
+                      "store":false,"metadata":{},"user":"u","parallel_tool_calls":true,"tool_choice":"auto"})")
+            .empty());
+  // An unknown field: ignored and named; refused under --strict.
+  CHECK(ignored_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_token":5})") ==
+        std::vector<std::string>{"max_token"});
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_token":5})", &p, true, true) == 400);
+  CHECK(p == "max_token");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.2})", &p, true, true) == 400);
+  CHECK(p == "temperature");
+  // An assistant message handed back as the openai SDK's model_dump() returns it.
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"},
+      {"role":"assistant","content":"1","refusal":null,"annotations":[],"audio":null,"function_call":null,"tool_calls":null},
+      {"role":"user","content":"again"}]})") == 200);
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"assistant","content":"1","tool_calls":[{"id":"a"}]}]})", &p) == 400);
+  CHECK(p == "messages[0].tool_calls");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"tool","tool_call_id":"a","content":"x"}]})", &p) == 400);
+  CHECK(p == "messages[0].role");
 }

@@ -61,6 +61,9 @@ struct ApiLimits {
   int max_denoising_steps_limit = 4096;
   std::size_t max_stop_sequences = 4;  // OpenAI's limit
   std::size_t max_stop_length = 256;   // bytes per stop sequence
+  // --strict: refuse unknown fields and sampling values this server cannot honour, as OpenAI's own
+  // API does, instead of accepting them and naming them in the X-Dgemma-Ignored header.
+  bool strict = false;
 };
 
 struct Message {
@@ -79,14 +82,21 @@ struct SamplerOverrides {
 struct GenerationRequest {
   bool chat = true;
   std::vector<Message> messages;  // chat
-  std::string prompt;             // completions
+  std::string prompt;             // completions, as text
+  std::vector<std::int64_t> prompt_ids;  // completions, as token ids (checked against the vocabulary by the server)
+  bool prompt_is_ids = false;
   int max_tokens = 0;
+  bool max_tokens_given = false;  // false: the checkpoint's default, which the server may shorten to fit the context
   std::uint64_t seed = 0;         // default 0, as `dgemma generate`: the same request gives the same answer
+  bool random_seed = false;       // "seed": -1 (llama.cpp's convention): the server draws one and reports it
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage: an extra usage-only chunk at the end
   bool stream_drafts = false;
   SamplerOverrides sampler;
+  // Fields accepted without effect: unknown ones, and sampling values the sampler has no
+  // counterpart for (the server names them in the X-Dgemma-Ignored response header).
+  std::vector<std::string> ignored;
 };
 
 namespace detail {
@@ -155,39 +165,81 @@ inline std::string get_content(const json& v, const std::string& param) {
   return text;
 }
 
-// OpenAI fields that this server does not implement are accepted only at their neutral value, so
-// that a client's explicit defaults work while anything that would change the answer is refused.
-inline void check_neutral(const json& body, const std::string& key) {
+// A field this server has no counterpart for, at a value that would matter: ignored and named in
+// the response (the behaviour of vLLM and llama.cpp, whose clients send such fields by default),
+// or refused under --strict (OpenAI's own behaviour for what it does not know).
+inline void ignore_or_refuse(const std::string& key, const std::string& why, const ApiLimits& limits,
+                             GenerationRequest& r) {
+  if (limits.strict) bad_value(key, why);
+  r.ignored.push_back(key);
+}
+
+inline void check_range(const json& v, const std::string& key, double lo, double hi) {
+  const double x = get_number(v, key);
+  if (!(x >= lo && x <= hi)) {
+    bad_value(key, "must be in [" + json(lo).dump() + ", " + json(hi).dump() + "] (got " + v.dump() + ")");
+  }
+}
+
+// Sampling controls of OpenAI's API and of vLLM's and llama.cpp's. This sampler's randomness is
+// the denoising schedule's temperature (dgemma.t_max down to dgemma.t_min) and its entropy bound;
+// it has no nucleus or top-k cut and no penalties. Each value is checked for type and range; its
+// neutral value is accepted silently, any other is ignored (named) or refused under --strict.
+inline void check_sampling(const json& body, const std::string& key, const ApiLimits& limits, GenerationRequest& r) {
   const json& v = body[key];
   if (v.is_null()) return;
-  bool neutral = false;
-  if (key == "n" || key == "best_of") {
-    neutral = v.is_number() && v.get<double>() == 1.0;
-    if (!neutral) bad_value(key, "must be 1: one choice per request (got " + v.dump() + ")");
-  } else if (key == "temperature" || key == "top_p") {
-    neutral = v.is_number() && v.get<double>() == 1.0;
-    if (!neutral) {
-      bad_value(key, "is not supported (got " + v.dump() +
-                         "): the temperature follows the denoising schedule; set dgemma.t_min and dgemma.t_max "
-                         "instead, or omit '" + key + "' (1 is accepted as OpenAI's default)");
-    }
+  const std::string no_counterpart =
+      "is not supported (got " + v.dump() + "): the temperature follows the denoising schedule; set dgemma.t_min "
+      "and dgemma.t_max instead";
+  bool neutral = true;
+  if (key == "temperature") {
+    check_range(v, key, 0.0, 2.0);
+    neutral = v.get<double>() == 1.0;
+  } else if (key == "top_p" || key == "min_p") {
+    check_range(v, key, 0.0, 1.0);
+    neutral = v.get<double>() == (key == "top_p" ? 1.0 : 0.0);
   } else if (key == "presence_penalty" || key == "frequency_penalty") {
-    neutral = v.is_number() && v.get<double>() == 0.0;
-    if (!neutral) bad_value(key, "is not supported: only 0 is accepted (got " + v.dump() + ")");
+    check_range(v, key, -2.0, 2.0);
+    neutral = v.get<double>() == 0.0;
+  } else if (key == "repetition_penalty") {
+    check_range(v, key, 1e-6, 1e6);
+    neutral = v.get<double>() == 1.0;
+  } else if (key == "top_k") {
+    const std::int64_t k = get_int(v, key, -1, std::int64_t{1} << 31);
+    neutral = k <= 0;  // -1 and 0 both mean "no cut"
+  } else if (key == "logit_bias") {
+    if (!v.is_object()) bad_type(key, "an object", v);
+    neutral = v.empty();
+  }
+  if (!neutral) ignore_or_refuse(key, no_counterpart, limits, r);
+}
+
+// Fields that would change the answer's shape (several choices, log-probabilities, tool calls,
+// JSON output) are accepted only at their neutral value: ignoring them would hand a client an
+// answer it cannot read.
+inline void check_shape(const json& body, const std::string& key) {
+  const json& v = body[key];
+  if (v.is_null()) return;
+  if (key == "n" || key == "best_of") {
+    if (!(v.is_number() && v.get<double>() == 1.0)) bad_value(key, "must be 1: one choice per request (got " + v.dump() + ")");
   } else if (key == "logprobs" || key == "echo") {
-    neutral = (v.is_boolean() && !v.get<bool>()) || (v.is_number_integer() && v.get<std::int64_t>() == 0);
-    if (!neutral) bad_value(key, "is not supported: only false is accepted (got " + v.dump() + ")");
-  } else if (key == "logit_bias" || key == "tools" || key == "functions") {
-    neutral = (v.is_object() || v.is_array()) && v.empty();
-    if (!neutral) bad_value(key, "is not supported by this server");
-  } else if (key == "response_format") {
-    neutral = v.is_object() && v.contains("type") && v["type"] == "text";
-    if (!neutral) bad_value(key, "is not supported: only {\"type\": \"text\"} is accepted");
+    const bool off = (v.is_boolean() && !v.get<bool>()) || (v.is_number_integer() && v.get<std::int64_t>() == 0);
+    if (!off) bad_value(key, "is not supported: only false is accepted (got " + v.dump() + ")");
+  } else if (key == "top_logprobs") {
+    if (!(v.is_number_integer() && v.get<std::int64_t>() == 0)) bad_value(key, "is not supported by this server");
+  } else if (key == "suffix") {
+    if (!(v.is_string() && v.get<std::string>().empty())) bad_value(key, "is not supported by this server");
+  } else if (key == "tools" || key == "functions") {
+    if (!((v.is_object() || v.is_array()) && v.empty())) bad_value(key, "is not supported: this server has no tool calling");
   } else if (key == "tool_choice" || key == "function_call") {
-    neutral = v.is_string() && v.get<std::string>() == "none";
-    if (!neutral) bad_value(key, "is not supported: only \"none\" is accepted");
-  } else if (key == "top_logprobs" || key == "suffix") {
-    bad_value(key, "is not supported by this server");
+    const bool off = v.is_string() && (v.get<std::string>() == "none" || v.get<std::string>() == "auto");
+    if (!off) bad_value(key, "is not supported: only \"none\" or \"auto\" without tools is accepted");
+  } else if (key == "response_format") {
+    if (!(v.is_object() && v.contains("type") && v["type"] == "text")) {
+      bad_value(key, "is not supported: only {\"type\": \"text\"} is accepted");
+    }
+  } else if (key == "modalities") {
+    if (!(v.is_array() && v.size() == 1 && v[0] == "text")) bad_value(key, "is not supported: only [\"text\"] is accepted");
   }
 }
 
@@ -251,18 +303,25 @@ inline json parse_common(const std::string& body, const ApiLimits& limits, const
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers beyond a double
     throw ApiError(400, std::string("the body is not valid JSON: ") + e.what(), "", "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, std::string("the body must be a JSON object (got ") + type_name(j) + ")", "", "invalid_json");
-  static const std::set<std::string> common = {"model", "max_tokens", "seed", "stop", "stream", "stream_options",
-                                               "dgemma", "user", "n", "temperature", "top_p", "presence_penalty",
-                                               "frequency_penalty", "logprobs", "logit_bias", "top_logprobs"};
+  static const std::set<std::string> sampling = {"temperature", "top_p", "presence_penalty", "frequency_penalty",
+                                                 "logit_bias", "top_k", "min_p", "repetition_penalty"};
+  static const std::set<std::string> shape = {"n", "logprobs", "top_logprobs"};
+  // Accepted and without effect on the answer: request bookkeeping of OpenAI's API.
+  static const std::set<std::string> bookkeeping = {"user", "store", "metadata", "service_tier", "prompt_cache_key",
+                                                    "safety_identifier", "parallel_tool_calls"};
+  static const std::set<std::string> common = {"model", "max_tokens", "seed", "stop", "stream", "stream_options", "dgemma"};
   for (auto it = j.begin(); it != j.end(); ++it) {
-    if (!common.count(it.key()) && !own.count(it.key())) {
-      throw ApiError(400, "unknown field '" + it.key() + "' (vendor extensions go in the \"dgemma\" object)", it.key(),
+    const std::string& k = it.key();
+    if (common.count(k) || own.count(k) || sampling.count(k) || shape.count(k) || bookkeeping.count(k)) continue;
+    if (limits.strict) {
+      throw ApiError(400, "unknown field '" + k + "' (vendor extensions go in the \"dgemma\" object)", k,
                      "unknown_parameter");
     }
+    r.ignored.push_back(k);
   }
   if (!j.contains("model") || j["model"].is_null()) throw ApiError(400, "'model' is required", "model", "missing_parameter");
   const std::string model = get_string(j["model"], "model");
@@ -270,10 +329,12 @@ inline json parse_common(const std::string& body, const ApiLimits& limits, const
     throw ApiError(404, "the model '" + model + "' does not exist; this server serves '" + limits.model_id + "'", "model",
                    "model_not_found");
   }
-  for (const char* k : {"n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logprobs", "logit_bias",
-                        "top_logprobs", "best_of", "echo", "suffix", "tools", "functions", "tool_choice",
-                        "function_call", "response_format"}) {
-    if (j.contains(k)) check_neutral(j, k);
+  for (const auto& k : sampling) {
+    if (j.contains(k)) check_sampling(j, k, limits, r);
+  }
+  for (const char* k : {"n", "logprobs", "top_logprobs", "best_of", "echo", "suffix", "tools", "functions", "tool_choice",
+                        "function_call", "response_format", "modalities"}) {
+    if (j.contains(k)) check_shape(j, k);
   }
   if (j.contains("user") && !j["user"].is_null()) (void)get_string(j["user"], "user");  // accepted, not used
   r.max_tokens = limits.default_max_tokens;
@@ -287,10 +348,13 @@ inline json parse_common(const std::string& body, const ApiLimits& limits, const
     max_tokens = v;
   }
   if (max_tokens) r.max_tokens = static_cast<int>(*max_tokens);
+  r.max_tokens_given = max_tokens.has_value();
   if (j.contains("seed") && !j["seed"].is_null()) {
     const json& s = j["seed"];
     if (s.is_number_unsigned()) {
       r.seed = s.get<std::uint64_t>();
+    } else if (s.is_number_integer() && s.get<std::int64_t>() == -1) {
+      r.random_seed = true;
     } else {
       r.seed = static_cast<std::uint64_t>(get_int(s, "seed", 0, INT64_MAX));
     }
@@ -302,11 +366,14 @@ inline json parse_common(const std::string& body, const ApiLimits& limits, const
     if (!so.is_object()) bad_type("stream_options", "an object", so);
     if (!r.stream) bad_value("stream_options", "is only allowed with \"stream\": true");
     for (auto it = so.begin(); it != so.end(); ++it) {
-      if (it.key() != "include_usage") {
+      if (it.key() == "include_usage") {
+        if (!it.value().is_null()) r.include_usage = get_bool(it.value(), "stream_options.include_usage");
+      } else if (limits.strict) {
         throw ApiError(400, "unknown field 'stream_options." + it.key() + "'", "stream_options." + it.key(),
                        "unknown_parameter");
+      } else {
+        r.ignored.push_back("stream_options." + it.key());
       }
-      if (!it.value().is_null()) r.include_usage = get_bool(it.value(), "stream_options.include_usage");
     }
   }
   if (j.contains("dgemma")) parse_extension(j["dgemma"], limits, r);
@@ -319,7 +386,7 @@ inline GenerationRequest parse_chat_request(const std::string& body, const ApiLi
   GenerationRequest r;
   r.chat = true;
   static const std::set<std::string> own = {"messages", "max_completion_tokens", "tools", "tool_choice",
-                                            "response_format", "functions", "function_call"};
+                                            "response_format", "functions", "function_call", "modalities"};
   const json j = detail::parse_common(body, limits, own, r);
   if (!j.contains("messages") || j["messages"].is_null()) {
     throw ApiError(400, "'messages' is required", "messages", "missing_parameter");
@@ -331,22 +398,37 @@ inline GenerationRequest parse_chat_request(const std::string& body, const ApiLi
     const std::string p = "messages[" + std::to_string(i) + "]";
     if (!m[i].is_object()) detail::bad_type(p, "an object", m[i]);
     Message msg;
-    for (auto it = m[i].begin(); it != m[i].end(); ++it) {
-      const std::string& k = it.key();
-      if (k == "role") {
-        msg.role = detail::get_string(it.value(), p + ".role");
-      } else if (k == "content") {
-        if (!it.value().is_null()) msg.content = detail::get_content(it.value(), p + ".content");
-      } else if (k == "name") {
-        if (!it.value().is_null()) (void)detail::get_string(it.value(), p + ".name");  // accepted, not rendered
-      } else {
-        throw ApiError(400, "unknown field '" + p + "." + k + "'", p + "." + k, "unknown_parameter");
-      }
-    }
     if (!m[i].contains("role")) throw ApiError(400, "'" + p + ".role' is required", p + ".role", "missing_parameter");
+    msg.role = detail::get_string(m[i]["role"], p + ".role");
+    if (msg.role == "tool" || msg.role == "function") {
+      detail::bad_value(p + ".role", "'" + msg.role + "' is not supported: this server has no tool calling");
+    }
     const bool system = msg.role == "system" || msg.role == "developer";
     if (msg.role != "user" && msg.role != "assistant" && !system) {
       detail::bad_value(p + ".role", "must be system, developer, user or assistant (got '" + msg.role + "')");
+    }
+    for (auto it = m[i].begin(); it != m[i].end(); ++it) {
+      const std::string& k = it.key();
+      const json& v = it.value();
+      const std::string q = p + "." + k;
+      if (k == "role") {
+        continue;
+      } else if (k == "content") {
+        if (!v.is_null()) msg.content = detail::get_content(v, q);
+      } else if (k == "name" || k == "refusal" || k == "reasoning_content" || k == "reasoning") {
+        // accepted, not rendered: an assistant message handed back as the SDK returned it carries these
+        if (!v.is_null()) (void)detail::get_string(v, q);
+      } else if (k == "annotations" || k == "audio" || k == "function_call" || k == "tool_calls") {
+        // the other fields of a returned assistant message, null or empty when no tool or audio ran
+        if (!(v.is_null() || ((v.is_array() || v.is_object()) && v.empty()))) {
+          detail::bad_value(q, k == "audio" ? "is not supported: this model reads text only"
+                                            : "is not supported: this server has no tool calling");
+        }
+      } else if (limits.strict) {
+        throw ApiError(400, "unknown field '" + q + "'", q, "unknown_parameter");
+      } else {
+        r.ignored.push_back(q);
+      }
     }
     if (system && i != 0) detail::bad_value(p + ".role", "'" + msg.role + "' is only allowed as the first message");
     r.messages.push_back(std::move(msg));
@@ -360,15 +442,22 @@ inline GenerationRequest parse_completion_request(const std::string& body, const
   static const std::set<std::string> own = {"prompt", "best_of", "echo", "suffix"};
   const json j = detail::parse_common(body, limits, own, r);
   if (!j.contains("prompt") || j["prompt"].is_null()) throw ApiError(400, "'prompt' is required", "prompt", "missing_parameter");
-  const json& p = j["prompt"];
-  if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-    r.prompt = p[0].get<std::string>();  // one prompt in a list, as some clients send it
-  } else if (p.is_string()) {
-    r.prompt = p.get<std::string>();
+  const json* p = &j["prompt"];
+  // One prompt in a list, as some clients send it: a string, or token ids.
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+  if (p->is_string()) {
+    r.prompt = p->get<std::string>();
+    if (r.prompt.empty()) detail::bad_value("prompt", "must not be empty");
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+    r.prompt_is_ids = true;
+    for (std::size_t i = 0; i < p->size(); ++i) {
+      r.prompt_ids.push_back(detail::get_int((*p)[i], "prompt[" + std::to_string(i) + "]", 0, INT32_MAX));
+    }
+  } else if (p->is_array() && p->size() > 1) {
+    detail::bad_value("prompt", "holds " + std::to_string(p->size()) + " prompts; this server answers one per request");
   } else {
-    detail::bad_type("prompt", "a string (one prompt per request)", p);
+    detail::bad_type("prompt", "a string or an array of token ids (one prompt per request)", *p);
   }
-  if (r.prompt.empty()) detail::bad_value("prompt", "must not be empty");
   return r;
 }
 

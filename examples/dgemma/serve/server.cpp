@@ -7,7 +7,9 @@
 // submit and cancel, so no client can block the batch: a stream whose client has gone away fails
 // its next write (a comment line every heartbeat keeps writes coming between canvases) and its
 // request is cancelled, which frees its slot before the next pass.
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -66,6 +68,7 @@ struct ServeConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string api_key;
+  std::string cors_origin;  // --cors-origin: the one origin (or "*") whose browser pages may call the API
   std::size_t max_body_bytes = 1 << 20;
   int http_threads = 0;
   double shutdown_timeout = 10.0;
@@ -90,13 +93,50 @@ std::string endpoint_label(const std::string& path) {
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status();
+  // Overload and shutdown are temporary: say when to come back (OpenAI's clients honour it).
+  if (e.status() == 429 || e.status() == 503) res.set_header("Retry-After", "1");
   res.set_content(serve::dump_json(e.body()), "application/json");
+}
+
+// "Bearer KEY", the scheme's name in any case (RFC 7235), the key exactly.
+std::string bearer_token(const std::string& authorization) {
+  const std::string scheme = "bearer ";
+  if (authorization.size() < scheme.size()) return {};
+  for (std::size_t i = 0; i < scheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(authorization[i])) != scheme[i]) return {};
+  }
+  std::size_t at = scheme.size();
+  while (at < authorization.size() && authorization[at] == ' ') ++at;
+  return authorization.substr(at);
+}
+
+// The routes and the methods each answers, for 405's Allow header and CORS preflights.
+const char* allowed_methods(const std::string& path) {
+  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST, OPTIONS";
+  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/metrics") {
+    return "GET, HEAD, OPTIONS";
+  }
+  return nullptr;
+}
+
+// The error code of a status that cpp-httplib sets itself, before any handler ran.
+const char* protocol_error_code(int status) {
+  switch (status) {
+    case 400: return "bad_request";
+    case 408: return "request_timeout";
+    case 411: return "length_required";
+    case 413: return "body_too_large";
+    case 414: return "uri_too_long";
+    case 416: return "range_not_satisfiable";
+    case 431: return "headers_too_large";
+    default: return status >= 500 ? "internal_error" : "bad_request";
+  }
 }
 
 class Server {
  public:
   Server(std::shared_ptr<const dg::cpu::Model> model, std::unique_ptr<dg::io::Tokenizer> tok,
-         dg::cpu::EngineOptions engine_options, Batcher::Limits limits, ServeConfig config, std::string model_id)
+         dg::cpu::EngineOptions engine_options, Batcher::Limits limits, ServeConfig config, std::string model_id, bool strict)
       : model_(std::move(model)),
         tok_(std::move(tok)),
         engine_(model_, engine_options),
@@ -107,8 +147,9 @@ class Server {
         created_(static_cast<std::int64_t>(std::time(nullptr))) {
     const auto& cfg = model_->config();
     api_.model_id = std::move(model_id);
+    api_.strict = strict;
     api_.default_max_tokens = defaults_.scheduler.max_new_tokens;
-    api_.max_tokens_limit = static_cast<int>(cfg.max_position_embeddings);
+    api_.max_tokens_limit = static_cast<int>(std::min<std::int64_t>(cfg.max_position_embeddings, INT32_MAX));
     std::random_device rd;
     id_prefix_ = std::to_string(rd() % 100000);
   }
@@ -189,26 +230,61 @@ class Server {
 
   void routes() {
     http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      // /health and /metrics stay open for load balancers and scrapers; the API needs the key.
-      if (config_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-      const std::string auth = req.get_header_value("Authorization");
-      const std::string bearer = "Bearer ";
-      if (auth.rfind(bearer, 0) == 0 && same_secret(auth.substr(bearer.size()), config_.api_key)) {
-        return httplib::Server::HandlerResponse::Unhandled;
+      using R = httplib::Server::HandlerResponse;
+      const char* allow = allowed_methods(req.path);
+      const std::string origin = req.get_header_value("Origin");
+      const bool cors = !config_.cors_origin.empty() && !origin.empty() &&
+                        (config_.cors_origin == "*" || config_.cors_origin == origin);
+      if (cors) {
+        res.set_header("Access-Control-Allow-Origin", config_.cors_origin == "*" ? "*" : origin);
+        res.set_header("Vary", "Origin");
       }
+      if (req.method == "OPTIONS") {  // a CORS preflight (it never carries the API key) or a plain OPTIONS
+        if (allow == nullptr) return R::Unhandled;  // 404 from the error handler
+        res.status = 204;
+        res.set_header("Allow", allow);
+        if (cors) {
+          res.set_header("Access-Control-Allow-Methods", allow);
+          const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+          res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+          res.set_header("Access-Control-Max-Age", "600");
+        }
+        return R::Handled;
+      }
+      // A POST with neither Content-Length nor chunked encoding has no body (RFC 9112); without
+      // this check the HTTP library would wait for the connection to close to find its end.
+      if (req.method == "POST" && !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
+        send_error(res, ApiError(400, "the request has no body (send JSON with a Content-Length)", "", "invalid_json"));
+        return R::Handled;
+      }
+      // /health and /metrics stay open for load balancers and scrapers; the API needs the key.
+      if (config_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return R::Unhandled;
+      const std::string auth = req.get_header_value("Authorization");
+      if (same_secret(bearer_token(auth), config_.api_key)) return R::Unhandled;
       send_error(res, ApiError(401, auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'" : "invalid API key",
                                "", "invalid_api_key"));
-      return httplib::Server::HandlerResponse::Handled;
+      return R::Handled;
     });
     http_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;  // a handler's own error JSON
-      if (res.status == 404) {
+      const char* allow = allowed_methods(req.path);
+      if (res.status == 404 && allow != nullptr) {
+        // A route that exists, asked with another method.
+        res.set_header("Allow", allow);
+        send_error(res, ApiError(405, "method " + req.method + " is not allowed on " + req.path + " (allowed: " + allow + ")",
+                                 "", "method_not_allowed"));
+      } else if (res.status == 404) {
         send_error(res, ApiError(404, "unknown route: " + req.method + " " + req.path, "", "unknown_route"));
       } else if (res.status == 413) {
         send_error(res, ApiError(413, "the request body exceeds " + std::to_string(config_.max_body_bytes) +
                                           " bytes (--max-body-bytes)", "", "body_too_large"));
       } else {
-        send_error(res, ApiError(res.status, "HTTP " + std::to_string(res.status) + " for " + req.method + " " + req.path));
+        // The HTTP library refused the request before routing it (a malformed request line or
+        // header, a URI or headers over its limits): the method and path may be unknown.
+        const std::string what = req.method.empty() ? std::string("a malformed HTTP request")
+                                                    : req.method + " " + (req.path.empty() ? "(no path)" : req.path);
+        send_error(res, ApiError(res.status, "HTTP " + std::to_string(res.status) + " for " + what, "",
+                                 protocol_error_code(res.status)));
       }
     });
     http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -254,10 +330,44 @@ class Server {
       }
       res.set_content(model_object().dump(), "application/json");
     });
-    http_.Post("/v1/chat/completions",
-               [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, true); });
-    http_.Post("/v1/completions",
-               [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, false); });
+    // The body is read here rather than by the library, so that --max-body-bytes bounds chunked
+    // bodies too (the library checks only a Content-Length).
+    const auto post = [this](bool chat) {
+      return [this, chat](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& read) {
+        std::string body;
+        bool too_large = false;
+        std::size_t received = 0;
+        const bool complete = read([&](const char* data, std::size_t length) {
+          received += length;
+          if (received > config_.max_body_bytes) {
+            // Over the limit: nothing more is kept, but up to 16 MiB more is read and dropped, so that
+            // a client that sends its whole body before reading (most do) receives the 413 rather than
+            // a reset connection. Past that the connection is cut.
+            too_large = true;
+            body.clear();
+            body.shrink_to_fit();
+            return received - config_.max_body_bytes <= (std::size_t{16} << 20);
+          }
+          body.append(data, length);
+          return true;
+        });
+        if (too_large || res.status == 413) {
+          res.set_header("Connection", "close");  // the rest of the body is left unread
+          send_error(res, ApiError(413, "the request body exceeds " + std::to_string(config_.max_body_bytes) +
+                                            " bytes (--max-body-bytes)", "", "body_too_large"));
+          return;
+        }
+        if (!complete) {
+          res.set_header("Connection", "close");
+          send_error(res, ApiError(400, "the request body could not be read (malformed chunked encoding, bad "
+                                        "compression, or the client stopped sending)", "", "bad_request"));
+          return;
+        }
+        generation(body, res, chat);
+      };
+    };
+    http_.Post("/v1/chat/completions", post(true));
+    http_.Post("/v1/completions", post(false));
   }
 
   json model_object() const {
@@ -269,6 +379,18 @@ class Server {
 
   std::vector<std::int32_t> prompt_ids(const serve::GenerationRequest& r) const {
     std::vector<int> ids;
+    if (r.prompt_is_ids) {
+      std::vector<std::int32_t> out;
+      for (std::size_t i = 0; i < r.prompt_ids.size(); ++i) {
+        if (r.prompt_ids[i] >= model_->config().vocab_size) {
+          throw ApiError(400, "'prompt[" + std::to_string(i) + "]' is token id " + std::to_string(r.prompt_ids[i]) +
+                                  ", outside the vocabulary [0, " + std::to_string(model_->config().vocab_size) + ")",
+                         "prompt[" + std::to_string(i) + "]", "invalid_value");
+        }
+        out.push_back(static_cast<std::int32_t>(r.prompt_ids[i]));
+      }
+      return out;  // as given: token ids are the exact prompt, <bos> included or not
+    }
     if (r.chat) {
       std::vector<dg::io::ChatMessage> msgs;
       for (const auto& m : r.messages) msgs.push_back({m.role, m.content});
@@ -347,15 +469,25 @@ class Server {
     std::string endpoint;
   };
 
-  void generation(const httplib::Request& req, httplib::Response& res, bool chat) {
+  void generation(const std::string& body, httplib::Response& res, bool chat) {
     auto job = std::make_shared<Job>();
     job->arrived = Clock::now();
     job->endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
     try {
       if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
-      job->request = chat ? serve::parse_chat_request(req.body, api_) : serve::parse_completion_request(req.body, api_);
+      job->request = chat ? serve::parse_chat_request(body, api_) : serve::parse_completion_request(body, api_);
       const auto prompt = prompt_ids(job->request);
       job->prompt_tokens = static_cast<int>(prompt.size());
+      if (!job->request.max_tokens_given) {
+        // The checkpoint's default is a default, not the client's limit: shorten it to the whole
+        // canvases that fit after this prompt, as OpenAI and vLLM fit theirs to the context.
+        const int fit = Scheduler::max_new_tokens_that_fit(model_->config(), job->prompt_tokens, job->request.max_tokens);
+        if (fit > 0) job->request.max_tokens = fit;
+      }
+      if (job->request.random_seed) {
+        std::random_device rd;
+        job->request.seed = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+      }
       Options o = options_for(job->request, job->prompt_tokens);
       job->channel = std::make_shared<serve::Channel>();
       job->text = std::make_unique<serve::TextAssembler>([this](const std::vector<std::int32_t>& ids) { return decode(ids); },
@@ -376,6 +508,13 @@ class Server {
     {
       std::lock_guard<std::mutex> lock(registry_mu_);
       registry_[job->id] = job->channel;
+    }
+    // The seed the answer came from (drawn for "seed": -1), and the fields accepted without effect.
+    res.set_header("X-Dgemma-Seed", std::to_string(job->request.seed));
+    if (!job->request.ignored.empty()) {
+      std::string names;
+      for (const auto& k : job->request.ignored) names += (names.empty() ? "" : ", ") + k;
+      res.set_header("X-Dgemma-Ignored", names);
     }
     if (job->request.stream) {
       res.set_header("Cache-Control", "no-cache");
@@ -517,7 +656,9 @@ class Server {
     if (!d.finished) return send(serve::sse_data(chunk));
     if (!ev->last) stop_generation(job);
     const json usage = serve::ResponseShape::usage(job.prompt_tokens, job.text->completion_tokens());
-    chunk["usage"] = usage;
+    // With include_usage the usage travels in OpenAI's extra chunk only: clients that add up the
+    // usage of every chunk (LangChain) would count it twice.
+    if (!job.request.include_usage) chunk["usage"] = usage;
     job.finished = true;
     bool ok = send(serve::sse_data(chunk));
     if (ok && job.request.include_usage) ok = send(serve::sse_data(job.shape->usage_chunk(usage)));
@@ -575,6 +716,8 @@ int cmd_serve(const std::vector<std::string>& args) {
       {"max-body-bytes", "N", "largest request body accepted; beyond: 413 (default 1048576)"},
       {"http-threads", "N", "connections served at once (default: max-batch + max-queue + 8)"},
       {"shutdown-timeout", "S", "on SIGINT/SIGTERM, seconds that requests in flight get to finish (default 10)"},
+      {"cors-origin", "ORIGIN", "let browser pages of this origin ('https://app.example' or '*') call the API (default: none)"},
+      {"strict", "", "refuse unknown fields and sampling values the sampler cannot honour, as OpenAI does (default: ignore them, named in X-Dgemma-Ignored)"},
       {"check-weights", "", "scan every weight for NaN/Inf at load"},
   };
   for (auto& spec : engine_flag_specs(dg::cpu::precision_name(dg::cpu::EngineOptions{}.precision))) specs.push_back(spec);
@@ -600,6 +743,9 @@ int cmd_serve(const std::vector<std::string>& args) {
   config.http_threads = static_cast<int>(f.integer(
       "http-threads", limits.max_batch + static_cast<std::int64_t>(limits.max_queue) + 8, 2, 4096));
   config.shutdown_timeout = f.number("shutdown-timeout", 10.0, 0.0, 3600.0);
+  config.cors_origin = f.str("cors-origin");
+  if (f.has("cors-origin") && config.cors_origin.empty()) throw UsageError("--cors-origin must not be empty");
+  const bool strict = f.flag("strict");
   const auto engine_options = dgemma::engine_options(f, dg::cpu::EngineOptions{}.precision);
 
   // SIGINT/SIGTERM go to one thread (blocked everywhere else, before any thread starts, OpenMP's
@@ -654,7 +800,7 @@ int cmd_serve(const std::vector<std::string>& args) {
     const auto slash = d.rfind('/');
     name = slash == std::string::npos ? d : d.substr(slash + 1);
   }
-  auto s = std::make_unique<Server>(model, std::move(tok), engine_options, limits, config, name);
+  auto s = std::make_unique<Server>(model, std::move(tok), engine_options, limits, config, name, strict);
   server = s.get();
   const bool listened = s->run();
   join_signal_thread();

@@ -78,10 +78,24 @@ class CanvasScheduler {
     if (end > cfg.max_position_embeddings) {
       throw_error(StatusCode::kOutOfRange, "max_new_tokens ", a.max_new_tokens, " after a prompt of ", prompt_length,
                   " tokens needs positions up to ", end - 1, ", beyond max_position_embeddings ",
-                  cfg.max_position_embeddings, "; at most ", cfg.max_position_embeddings - prompt_length,
-                  " new tokens fit");
+                  cfg.max_position_embeddings, "; at most ",
+                  max_new_tokens_that_fit(cfg, prompt_length, a.max_new_tokens), " new tokens fit (whole canvases)");
     }
     return p;
+  }
+
+  // The largest max_new_tokens that plan() accepts after this prompt, counted up to `limit`:
+  // canvases are denoised whole, so it is the sum of the whole canvases that fit before
+  // max_position_embeddings (0 when not even the first one fits).
+  static int max_new_tokens_that_fit(const ModelConfig& cfg, std::int64_t prompt_length, int limit) {
+    std::int64_t tokens = 0, end = prompt_length;
+    for (int i = 0; tokens < limit; ++i) {
+      const int c = Blocks::canvas_length(cfg, i);
+      if (c <= 0 || end + c > cfg.max_position_embeddings) break;
+      tokens += c;
+      end += c;
+    }
+    return static_cast<int>(tokens < limit ? tokens : limit);
   }
 
   // Applies the stop ids to a committed canvas in place: tokens after the first stop id become
