@@ -80,6 +80,42 @@ TEST_CASE("released-checkpoint spelling: global_head_dim and num_global_key_valu
   CHECK_THAT(error_of(j), Contains("missing required key 'text_config.global_head_dim'"));
 }
 
+// Two rules of transformers' config classes that a config.json does not show (both found by
+// tools/reference/fuzz_configs.py, where transformers built weights of other shapes than ours).
+TEST_CASE("transformers' implicit rules: DiffusionGemma's ungated global KV heads, the last layer full", "[io][config]") {
+  Json j = tiny_dg();
+  j["text_config"].erase("per_layer_config");
+  j["text_config"]["global_head_dim"] = 32;
+  j["text_config"]["num_global_key_value_heads"] = 1;
+  // DiffusionGemma's config class does not declare attention_k_eq_v, so a false one does not gate
+  // num_global_key_value_heads there (it does in Gemma 4's, which declares it).
+  j["text_config"]["attention_k_eq_v"] = false;
+  ModelConfig c = io::parse_model_config(j, "config.json");
+  CHECK(c.layers[2].num_kv_heads == 1);
+  CHECK_FALSE(c.layers[2].has_v_proj);
+  Json g = j["text_config"];
+  g["model_type"] = "gemma4_text";
+  g["enable_moe_block"] = true;
+  g["hidden_size_per_layer_input"] = 0;
+  g["final_logit_softcapping"] = 30.0;
+  c = io::parse_model_config(g, "config.json");
+  CHECK(c.layers[2].num_kv_heads == 2);
+  CHECK(c.layers[2].has_v_proj);
+
+  // The last layer is full attention whatever layer_types says, with the full layers' shapes.
+  j["text_config"]["layer_types"] = Json::array({"full_attention", "sliding_attention", "sliding_attention"});
+  c = io::parse_model_config(j, "config.json");
+  CHECK(c.layers[0].type == LayerType::kFull);
+  CHECK(c.layers[1].type == LayerType::kSliding);
+  CHECK(c.layers[2].type == LayerType::kFull);
+  CHECK(c.layers[2].head_dim == 32);
+  CHECK_FALSE(c.layers[2].has_v_proj);
+  j["text_config"]["layer_types"] = Json::array({"sliding_attention", "sliding_attention", "sliding_attention"});
+  c = io::parse_model_config(j, "config.json");
+  CHECK(c.layers[2].type == LayerType::kFull);
+  CHECK(c.layers[2].num_kv_heads == 1);
+}
+
 TEST_CASE("plain Gemma 4 text config, MoE off, with v_proj on full layers", "[io][config]") {
   Json j = tiny_dg()["text_config"];
   j["model_type"] = "gemma4_text";

@@ -137,6 +137,14 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
     c.layers[l].head_dim = head_dim;
     c.layers[l].num_kv_heads = num_kv_heads;
   }
+  // transformers forces the last layer to full attention (with a warning) whatever config.json
+  // says, before it derives the full layers' shapes, and builds the weights that way.
+  if (c.layers.back().type != LayerType::kFull) {
+    c.layers.back().type = LayerType::kFull;
+    any_full = true;
+    any_sliding = false;
+    for (int l = 0; l + 1 < num_layers; ++l) any_sliding = any_sliding || c.layers[l].type == LayerType::kSliding;
+  }
 
   bool k_eq_v = dg;  // DiffusionGemma full layers never have v_proj
   if (!dg) k_eq_v = t.boolean("attention_k_eq_v");
@@ -168,7 +176,10 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
     // into per_layer_config. A missing global_head_dim would silently become 512 there.
     const int global_head_dim = t.int32("global_head_dim");
     int global_kv = num_kv_heads;
-    const bool gate = dg ? t.boolean_or("attention_k_eq_v", true) : k_eq_v;
+    // Gemma 4's attention_k_eq_v gates num_global_key_value_heads. DiffusionGemma's config class
+    // does not declare that key, so transformers applies num_global_key_value_heads to its full
+    // layers whatever attention_k_eq_v says (a false one included).
+    const bool gate = dg ? true : k_eq_v;
     if (gate && t.has_non_null("num_global_key_value_heads")) global_kv = t.int32("num_global_key_value_heads");
     for (auto& s : c.layers) {
       if (s.type == LayerType::kFull) {
