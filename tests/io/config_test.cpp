@@ -114,6 +114,21 @@ TEST_CASE("transformers' implicit rules: DiffusionGemma's ungated global KV head
   c = io::parse_model_config(j, "config.json");
   CHECK(c.layers[2].type == LayerType::kFull);
   CHECK(c.layers[2].num_kv_heads == 1);
+
+  // DiffusionGemma ties its head by the top-level key alone: a text_config false is not read.
+  j["text_config"]["tie_word_embeddings"] = false;
+  CHECK(io::parse_model_config(j, "config.json").tie_word_embeddings);
+  j["tie_word_embeddings"] = false;
+  CHECK_THAT(error_of(j), Contains("config.json: tie_word_embeddings: an untied LM head"));
+  // Gemma 4's nested config: refused when the text level unties it, and that key is named.
+  Json n = j;
+  n["model_type"] = "gemma4";
+  n["tie_word_embeddings"] = true;
+  n["text_config"]["model_type"] = "gemma4_text";
+  n["text_config"]["enable_moe_block"] = true;
+  n["text_config"]["hidden_size_per_layer_input"] = 0;
+  n["text_config"]["final_logit_softcapping"] = 30.0;
+  CHECK_THAT(error_of(n), Contains("text_config.tie_word_embeddings"));
 }
 
 TEST_CASE("plain Gemma 4 text config, MoE off, with v_proj on full layers", "[io][config]") {

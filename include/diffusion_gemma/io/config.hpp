@@ -219,10 +219,13 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
     c.moe_intermediate_size = t.int32("moe_intermediate_size");
   }
 
-  c.tie_word_embeddings = root.boolean_or("tie_word_embeddings", true);
-  if (nested) c.tie_word_embeddings = c.tie_word_embeddings && t.boolean_or("tie_word_embeddings", true);
+  // DiffusionGemma's model ties its head by the top-level key alone (a text_config value is not
+  // read); Gemma 4's nested config is refused when either level unties it.
+  const bool root_tied = root.boolean_or("tie_word_embeddings", true);
+  const bool text_tied = !nested || dg || t.boolean_or("tie_word_embeddings", true);
+  c.tie_word_embeddings = root_tied && text_tied;
   if (!c.tie_word_embeddings) {
-    throw_error(StatusCode::kUnsupported, root.where("tie_word_embeddings"),
+    throw_error(StatusCode::kUnsupported, (root_tied ? t : root).where("tie_word_embeddings"),
                 ": an untied LM head is not supported (Gemma 4 ties it to embed_tokens)");
   }
   for (const JsonObject* o : {&t, &root}) {
