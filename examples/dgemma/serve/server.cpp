@@ -69,6 +69,7 @@ struct ServeConfig {
   int port = 8080;
   std::string api_key;
   std::string cors_origin;  // --cors-origin: the one origin (or "*") whose browser pages may call the API
+  bool strict = false;      // --strict: refuse what the server would otherwise ignore (serve::ApiLimits::strict)
   std::size_t max_body_bytes = 1 << 20;
   int http_threads = 0;
   double shutdown_timeout = 10.0;
@@ -136,7 +137,7 @@ const char* protocol_error_code(int status) {
 class Server {
  public:
   Server(std::shared_ptr<const dg::cpu::Model> model, std::unique_ptr<dg::io::Tokenizer> tok,
-         dg::cpu::EngineOptions engine_options, Batcher::Limits limits, ServeConfig config, std::string model_id, bool strict)
+         dg::cpu::EngineOptions engine_options, Batcher::Limits limits, ServeConfig config, std::string model_id)
       : model_(std::move(model)),
         tok_(std::move(tok)),
         engine_(model_, engine_options),
@@ -147,7 +148,7 @@ class Server {
         created_(static_cast<std::int64_t>(std::time(nullptr))) {
     const auto& cfg = model_->config();
     api_.model_id = std::move(model_id);
-    api_.strict = strict;
+    api_.strict = config_.strict;
     api_.default_max_tokens = defaults_.scheduler.max_new_tokens;
     api_.max_tokens_limit = static_cast<int>(std::min<std::int64_t>(cfg.max_position_embeddings, INT32_MAX));
     std::random_device rd;
@@ -276,8 +277,7 @@ class Server {
       } else if (res.status == 404) {
         send_error(res, ApiError(404, "unknown route: " + req.method + " " + req.path, "", "unknown_route"));
       } else if (res.status == 413) {
-        send_error(res, ApiError(413, "the request body exceeds " + std::to_string(config_.max_body_bytes) +
-                                          " bytes (--max-body-bytes)", "", "body_too_large"));
+        send_error(res, body_too_large());
       } else {
         // The HTTP library refused the request before routing it (a malformed request line or
         // header, a URI or headers over its limits): the method and path may be unknown.
@@ -352,9 +352,8 @@ class Server {
           return true;
         });
         if (too_large || res.status == 413) {
-          res.set_header("Connection", "close");  // the rest of the body is left unread
-          send_error(res, ApiError(413, "the request body exceeds " + std::to_string(config_.max_body_bytes) +
-                                            " bytes (--max-body-bytes)", "", "body_too_large"));
+          res.set_header("Connection", "close");  // what is left of the body (past the drain) is never read
+          send_error(res, body_too_large());
           return;
         }
         if (!complete) {
@@ -368,6 +367,11 @@ class Server {
     };
     http_.Post("/v1/chat/completions", post(true));
     http_.Post("/v1/completions", post(false));
+  }
+
+  ApiError body_too_large() const {
+    return ApiError(413, "the request body exceeds " + std::to_string(config_.max_body_bytes) + " bytes (--max-body-bytes)",
+                    "", "body_too_large");
   }
 
   json model_object() const {
@@ -745,7 +749,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   config.shutdown_timeout = f.number("shutdown-timeout", 10.0, 0.0, 3600.0);
   config.cors_origin = f.str("cors-origin");
   if (f.has("cors-origin") && config.cors_origin.empty()) throw UsageError("--cors-origin must not be empty");
-  const bool strict = f.flag("strict");
+  config.strict = f.flag("strict");
   const auto engine_options = dgemma::engine_options(f, dg::cpu::EngineOptions{}.precision);
 
   // SIGINT/SIGTERM go to one thread (blocked everywhere else, before any thread starts, OpenMP's
@@ -800,7 +804,7 @@ int cmd_serve(const std::vector<std::string>& args) {
     const auto slash = d.rfind('/');
     name = slash == std::string::npos ? d : d.substr(slash + 1);
   }
-  auto s = std::make_unique<Server>(model, std::move(tok), engine_options, limits, config, name, strict);
+  auto s = std::make_unique<Server>(model, std::move(tok), engine_options, limits, config, name);
   server = s.get();
   const bool listened = s->run();
   join_signal_thread();
