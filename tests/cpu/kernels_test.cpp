@@ -308,6 +308,60 @@ TEST_CASE("matrices packed for AMX tiles give the bits of the row-major tile ker
 }
 
 #if DG_X86_KERNELS
+TEST_CASE("x B on AMX tiles over several column groups: the oracle, and the bits of the product split by columns",
+          "[cpu][kernels][tiles]") {
+  if (cpu::cpu_features().best() < cpu::Isa::kAmx) {
+    WARN("no AMX on this CPU: the tile form of x B is not run here (" << cpu::cpu_features().flags() << ")");
+    return;
+  }
+  // On one thread a call covers every column, so B's tiles are built a group of strips at a time
+  // (224 columns at depth 1100, 32 at depth 4200): whole groups, a last group of whole strips
+  // and a last strip of 19 or 3 columns. Split between threads, each call holds one group. The
+  // sums are the same products in the same order either way.
+  std::mt19937 rng(4321);
+  struct Size {
+    std::int64_t m, n, k;
+  };
+  const Size sizes[] = {{37, 531, 1100}, {20, 99, 4200}, {3, 467, 1024}};
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (const Size& s : sizes) {
+      for (bool accumulate : {false, true}) {
+        INFO(dtype_label(dtype) << " m " << s.m << " n " << s.n << " k " << s.k << (accumulate ? " accumulate" : ""));
+        const TestWeight w = make_weight(dtype, s.k, s.n, rng, 1, dtype == DType::kF32 ? 2 : 0);
+        const std::int64_t ldx = s.k + 3, ldy = s.n + 5;
+        const auto x = random_floats(static_cast<std::size_t>(s.m * ldx), rng);
+        const auto y0 = random_floats(static_cast<std::size_t>(s.m * ldy), rng);
+        const auto run = [&](int threads) {
+          cpu::KernelContext ctx;
+          ctx.isa = cpu::Isa::kAmx;
+          ctx.precision = cpu::Precision::kFast;
+          ctx.threads = threads;
+          ctx.row_invariant = true;
+          auto y = y0;
+          cpu::linear_transposed(ctx, w.view, x.data(), ldx, s.m, y.data(), ldy, accumulate);
+          return y;
+        };
+        const auto one = run(1);
+        CHECK(run(2) == one);
+        std::vector<double> want(one.size()), scale(one.size(), 1.0);
+        for (std::int64_t i = 0; i < s.m; ++i) {
+          for (std::int64_t j = 0; j < ldy; ++j) {
+            double sum = accumulate || j >= s.n ? y0[i * ldy + j] : 0.0, mag = std::abs(sum);
+            for (std::int64_t kk = 0; j < s.n && kk < s.k; ++kk) {
+              const double p = static_cast<double>(x[i * ldx + kk]) * w.values[kk * s.n + j];
+              sum += p;
+              mag += std::abs(p);
+            }
+            want[i * ldy + j] = sum;
+            scale[i * ldy + j] = std::max(mag, 1.0);
+          }
+        }
+        CHECK(worst_relative(one, want, scale) < 6e-3);
+      }
+    }
+  }
+}
+
 TEST_CASE("BF16 matrices packed as pair tiles give the exact AVX2 and AVX-512 bits of the row-major weight",
           "[cpu][kernels][tiles]") {
   for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {

@@ -21,6 +21,7 @@
 // save and restore 8 KiB more.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -124,11 +125,24 @@ inline void xwt(const MatrixB& w, const std::uint16_t* xp, std::int64_t m, std::
   std::uint16_t* slab = scratch<std::uint16_t, 1>(static_cast<std::size_t>(32 * kp));
   float* tiles = scratch<float, 2>(4 * 256);
   float* partial = scratch<float, 11>(static_cast<std::size_t>((mb_count + 1) * 2 * 256));
+  // The next 32 rows of W are requested into L2 while these are multiplied: W streams from memory
+  // (the LM head reads the whole embedding once per pass), and tile loads that miss wait for
+  // each line in turn.
+  PanelPrefetcher prefetch;
+  const std::int64_t steps = (mb_count + 1) / 2 * kb_count;
   configure();
   for (std::int64_t n0 = 0; n0 < n; n0 += 32) {
     const std::int64_t rows = n - n0 < 32 ? n - n0 : 32;
     const bool two = rows > 16;
     const bool direct = T == DType::kBF16 && rows == 32 && k % 32 == 0;
+    PanelSource next;
+    if (n0 + 32 < n) {
+      next.base = w.row(n0 + 32);
+      next.runs = n - n0 - 32 < 32 ? n - n0 - 32 : 32;
+      next.bytes = static_cast<std::size_t>(k) * dtype_size(T);
+      next.stride = static_cast<std::size_t>(w.ld) * dtype_size(T);
+    }
+    prefetch.start(next, steps);
     if (!direct) stage_rows<T>(w, n0, rows, k, slab);
     const std::uint16_t* a0 = direct ? reinterpret_cast<const std::uint16_t*>(w.row(n0)) : slab;
     const std::uint16_t* a1 = direct ? reinterpret_cast<const std::uint16_t*>(w.row(n0 + 16)) : slab + 16 * kp;
@@ -151,6 +165,7 @@ inline void xwt(const MatrixB& w, const std::uint16_t* xp, std::int64_t m, std::
           _tile_loadd(3, part + 768, 64);
         }
         for (std::int64_t kb = kb0; kb < kb1; ++kb) {
+          prefetch.step();
           _tile_loadd(4, a0 + kb * 32, stride);
           _tile_loadd(6, xp + (mb * kb_count + kb) * 512, 64);
           _tile_dpbf16ps(0, 4, 6);
@@ -376,12 +391,47 @@ inline void values_on_tiles(const std::uint16_t* p, std::int64_t m, const std::u
   _tile_release();
 }
 
+// The B tiles of columns [c0, c0 + cols) of B [k, n] (BForm::kKN) (cols a multiple of 16 or
+// reaching n): tile (nb, kb), nb counted from c0, at (nb * ceil(k / 32) + kb) * 512, as
+// build_pair_tile lays it out. Each pair of B rows is read once, across all the columns: built a
+// 32-column strip at a time, the 32 rows' 64-byte pieces 2 n bytes apart came from L3 at a stride
+// the prefetchers did not follow, and the build took as long as the products.
+template <DType T>
+inline void build_pair_strips(const MatrixB& b, std::int64_t k, std::int64_t n, std::int64_t c0, std::int64_t cols,
+                              std::uint16_t* out) {
+  // Rows kAhead ahead are requested as each pair is read: these rows come from L3 or memory, and
+  // a pair's work is too short to wait for them one line at a time.
+  constexpr std::int64_t kAhead = 64;
+  const std::int64_t kb_count = (k + 31) / 32, nb_count = (cols + 15) / 16;
+  const std::size_t span = static_cast<std::size_t>(std::min(cols, n - c0)) * dtype_size(T);
+  const std::size_t first = static_cast<std::size_t>(c0) * dtype_size(T);
+  for (std::int64_t kb = 0; kb < kb_count; ++kb) {
+    for (int p = 0; p < 16; ++p) {
+      const std::int64_t r0 = kb * 32 + 2 * p;
+      for (std::int64_t r = r0 + kAhead; r < r0 + kAhead + 2 && r < k; ++r) {
+        const std::byte* row = b.row(r) + first;
+        for (std::size_t o = 0; o < span; o += 64) __builtin_prefetch(row + o, 0, 2);
+        __builtin_prefetch(row + span - 1, 0, 2);
+      }
+      for (std::int64_t nb = 0; nb < nb_count; ++nb) {
+        const std::int64_t c = c0 + 16 * nb, count = n - c < 16 ? n - c : 16;
+        const std::size_t off = static_cast<std::size_t>(c) * dtype_size(T);
+        const __m512i lo = r0 < k ? load_bf16x16_wide<T>(b.row(r0) + off, count) : _mm512_setzero_si512();
+        const __m512i hi = r0 + 1 < k ? load_bf16x16_wide<T>(b.row(r0 + 1) + off, count) : _mm512_setzero_si512();
+        _mm512_storeu_si512(out + (nb * kb_count + kb) * 512 + p * 32, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
+    }
+  }
+}
+
 // y[m, n] (+)= x B for B [k, n] (BForm::kKN), x given as bf16 rows by pack_activations_rows.
+// B's tiles are built for a group of 32-column strips at once (about 512 KiB of them, in L2).
 template <DType T>
 inline void xw(const MatrixB& b, const std::uint16_t* xa, std::int64_t m, std::int64_t k, std::int64_t n, float* y,
                std::int64_t ldy, bool accumulate) {
   const std::int64_t mb_count = (m + 15) / 16, kb_count = (k + 31) / 32;
-  std::uint16_t* bt = scratch<std::uint16_t, 3>(static_cast<std::size_t>(kb_count * 2 * 512));
+  const std::int64_t group = std::max<std::int64_t>(32, (std::int64_t{1} << 18) / (kb_count * 32) / 32 * 32);
+  std::uint16_t* bt = scratch<std::uint16_t, 3>(static_cast<std::size_t>(kb_count * 32 * group));
   // C tiles that overhang y go through `edge`, one 16 x 16 slot per tile. With `accumulate` they
   // start from y's values too (zero padded), so a row's sum is y + products in the tiles' order
   // whether or not its 16-row block is whole: the same bits for a row alone and inside a batch.
@@ -390,12 +440,9 @@ inline void xw(const MatrixB& b, const std::uint16_t* xa, std::int64_t m, std::i
   for (std::int64_t n0 = 0; n0 < n; n0 += 32) {
     const std::int64_t cols = n - n0 < 32 ? n - n0 : 32;
     const bool two = cols > 16;
-    // B tiles of this strip: row p of tile (kb, half) pairs B rows 32 kb + 2p and + 1.
-    for (std::int64_t kb = 0; kb < kb_count; ++kb) {
-      for (int half = 0; half < (two ? 2 : 1); ++half) {
-        build_pair_tile<T>(b, k, n, kb, n0 + 16 * half, bt + (kb * 2 + half) * 512);
-      }
-    }
+    const std::int64_t g0 = n0 / group * group;
+    if (n0 == g0) build_pair_strips<T>(b, k, n, g0, n - g0 < group ? n - g0 : group, bt);
+    const std::uint16_t* b0 = bt + (n0 - g0) / 16 * kb_count * 512;
     for (std::int64_t mb = 0; mb < mb_count; mb += 2) {
       const bool twom = mb + 1 < mb_count;
       const auto inside = [&](int i, int j) { return (mb + i) * 16 + 16 <= m && n0 + 16 * j + 16 <= n; };
@@ -431,7 +478,7 @@ inline void xw(const MatrixB& b, const std::uint16_t* xa, std::int64_t m, std::i
       }
       const std::uint16_t* a0 = a_tile(xa, mb, 0, kb_count);
       const std::uint16_t* a1 = a_tile(xa, mb + 1, 0, kb_count);
-      accumulate_2x2(a0, a1, bt, bt + 512, 1024, kb_count, twom, two);
+      accumulate_2x2(a0, a1, b0, b0 + kb_count * 512, 512, kb_count, twom, two);
       for (int i = 0; i < (twom ? 2 : 1); ++i) {
         for (int j = 0; j < (two ? 2 : 1); ++j) {
           const int t = 2 * i + j;

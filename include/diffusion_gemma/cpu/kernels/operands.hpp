@@ -238,15 +238,21 @@ inline void blocked_product(const TileShape& shape, TileKernel tile, float* pane
 // Per-thread scratch that grows and is kept (OpenMP threads live as long as the process), aligned
 // to a cache line. A tile or vector row that straddles two lines is two loads: the AMX-INT8
 // product ran 1.45x slower from the 16-byte alignment malloc happened to give one build.
-template <class T, int kSlot>
-T* scratch(std::size_t count) {
+// `count` elements of `buffer` starting on a cache line (grown as needed, never shrunk).
+template <class T>
+T* cache_aligned(std::vector<T>& buffer, std::size_t count) {
   constexpr std::size_t kAlign = 64;
-  static_assert(kAlign % sizeof(T) == 0, "scratch elements must divide a cache line");
-  thread_local std::vector<T> buffer;
+  static_assert(kAlign % sizeof(T) == 0, "aligned elements must divide a cache line");
   const std::size_t slack = kAlign / sizeof(T);
   if (buffer.size() < count + slack) buffer.resize(count + slack);
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(buffer.data());
   return buffer.data() + ((kAlign - at % kAlign) % kAlign) / sizeof(T);
+}
+
+template <class T, int kSlot>
+T* scratch(std::size_t count) {
+  thread_local std::vector<T> buffer;
+  return cache_aligned(buffer, count);
 }
 
 }  // namespace diffusion_gemma::cpu::kernels
