@@ -315,14 +315,14 @@ TEST_CASE("x B on AMX tiles over several column groups: the oracle, and the bits
     return;
   }
   // On one thread a call covers every column, so B's tiles are built a group of strips at a time
-  // (224 columns at depth 1100, 32 at depth 4200): whole groups, a last group of whole strips
-  // and a last strip of 19 or 3 columns. Split between threads, each call holds one group. The
-  // sums are the same products in the same order either way.
+  // (928 columns at depth 1100, 224 at depth 4100 and 4200): whole groups, then a last group of
+  // 143 columns (a last strip of 15), 83 (a strip of 19) or 26. Split between threads, each call
+  // holds one group. The sums are the same products in the same order either way.
   std::mt19937 rng(4321);
   struct Size {
     std::int64_t m, n, k;
   };
-  const Size sizes[] = {{37, 531, 1100}, {20, 99, 4200}, {3, 467, 1024}};
+  const Size sizes[] = {{29, 1999, 1100}, {20, 531, 4200}, {3, 250, 4100}};
   for (DType dtype : {DType::kBF16, DType::kF32}) {
     for (const Size& s : sizes) {
       for (bool accumulate : {false, true}) {
