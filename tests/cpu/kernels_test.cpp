@@ -308,6 +308,29 @@ TEST_CASE("matrices packed for AMX tiles give the bits of the row-major tile ker
 }
 
 #if DG_X86_KERNELS
+TEST_CASE("a mapped weight that starts mid-line is copied onto cache lines, byte for byte", "[cpu][kernels]") {
+  std::mt19937 rng(8);
+  // make_weight's misalign puts the F32 bytes 2 bytes past where the buffer starts.
+  TestWeight w = make_weight(DType::kF32, 37, 100, rng, 1, 2);
+  REQUIRE(reinterpret_cast<std::uintptr_t>(w.view.data) % 64 != 0);
+  REQUIRE(w.view.borrowed());
+  Weight copy = w.view;
+  cpu::detail::align_to_cache_line(copy, /*release_mapped=*/false);
+  CHECK(reinterpret_cast<std::uintptr_t>(copy.data) % 64 == 0);
+  CHECK(copy.owner != nullptr);
+  CHECK(copy.shape.numel() == w.view.shape.numel());
+  CHECK(std::memcmp(copy.data, w.view.data, w.view.nbytes()) == 0);
+  // Already on a line, or owned: left as it is.
+  Weight again = copy;
+  cpu::detail::align_to_cache_line(again, false);
+  CHECK(again.data == copy.data);
+  // The fast engines' copy holds the embedding on lines; the others keep the mapped rows.
+  ModelWeights weights;
+  weights.embed_tokens = w.view;
+  CHECK(reinterpret_cast<std::uintptr_t>(cpu::pack_for_tiles(weights, false).embed_tokens.data) % 64 == 0);
+  CHECK(cpu::pack_for_tiles(weights, false, cpu::TilePacking::kBf16Only).embed_tokens.data == w.view.data);
+}
+
 TEST_CASE("x B on AMX tiles over several column groups: the oracle, and the bits of the product split by columns",
           "[cpu][kernels][tiles]") {
   if (cpu::cpu_features().best() < cpu::Isa::kAmx) {

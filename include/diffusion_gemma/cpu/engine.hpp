@@ -222,7 +222,7 @@ class Engine {
   // sampler uses the streaming VocabPass, which never holds [n, V].
   void lm_head(const float* hidden, std::int64_t n, float* logits) const {
     const std::int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
-    linear(ctx_, model_->weights().embed_tokens, hidden, H, n, logits, V);
+    linear(ctx_, weights_->embed_tokens, hidden, H, n, logits, V);
     const float cap = cfg_.final_logit_softcapping;
     if (cap > 0.0f) {
       parallel_for(
@@ -286,7 +286,7 @@ class Engine {
     }
     if (step_hidden_.size() < static_cast<std::size_t>(rows * H)) step_hidden_.resize(static_cast<std::size_t>(rows * H));
     run_pass(AttentionMode::kDenoiser, segs.data(), segs.size(), step_hidden_.data());
-    vocab_pass_.run(ctx_, model_->weights().embed_tokens, cfg_.final_logit_softcapping, model_->embed_scale(),
+    vocab_pass_.run(ctx_, weights_->embed_tokens, cfg_.final_logit_softcapping, model_->embed_scale(),
                     step_hidden_.data(), vsegs.data(), vsegs.size());
     for (std::size_t i = 0; i < count; ++i) {
       auto& it = items[i];
@@ -300,7 +300,7 @@ class Engine {
 
   // The streaming vocabulary pass over final-normed hidden states [n, H] (see cpu/vocab_pass.hpp).
   void vocab_pass(const float* hidden, std::int64_t n, const VocabPassArgs& args, VocabPassResult& out) {
-    vocab_pass_.run(ctx_, model_->weights().embed_tokens, cfg_.final_logit_softcapping, model_->embed_scale(), hidden,
+    vocab_pass_.run(ctx_, weights_->embed_tokens, cfg_.final_logit_softcapping, model_->embed_scale(), hidden,
                     n, args, out);
   }
 
@@ -325,7 +325,7 @@ class Engine {
           for (std::int64_t i = 0; i < V; ++i) p[i] *= inv;
         },
         threads_for(n, V));
-    linear_transposed(ctx_, model_->weights().embed_tokens, probs.data(), V, n, out, H);
+    linear_transposed(ctx_, weights_->embed_tokens, probs.data(), V, n, out, H);
     const float scale = model_->embed_scale();
     for (std::int64_t i = 0; i < n * H; ++i) out[i] *= scale;
   }
@@ -442,7 +442,7 @@ class Engine {
   void embed(const std::int32_t* ids, std::int64_t T, float* x) const {
     const int H = cfg_.hidden_size;
     const float scale = model_->embed_scale();
-    const Weight& E = model_->weights().embed_tokens;
+    const Weight& E = weights_->embed_tokens;
     for (std::int64_t t = 0; t < T; ++t) {
       const std::byte* row = E.row_range(ids[t], 1).data;
       for (int i = 0; i < H; ++i) x[t * H + i] = kernels::MatrixB::element(row, E.dtype, i) * scale;

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <type_traits>
@@ -131,6 +132,28 @@ inline void pack_matrix_tiles(Weight& w, bool release_mapped, TilePacking which 
 #endif
 }
 
+// A mapped weight whose bytes do not start on a cache line, copied into an owned buffer that does
+// (so does every row whose bytes are a multiple of 64, as the embedding's are at H = 512). The vocabulary
+// pass loads the embedding's rows as 64-byte tile rows; from a checkpoint whose embedding starts
+// 40 bytes past a line, each of those loads touched two lines, and the same BF16 pass ran 1.1x
+// faster on the AMX Xeon from a copy of the file with the embedding moved to a page boundary. The
+// copy is made a slice at a time, each slice's mapped pages released right after (as packing does),
+// so memory grows by one slice, not by the matrix.
+inline void align_to_cache_line(Weight& w, bool release_mapped) {
+  if (!w.is_dense() || !w.borrowed() || reinterpret_cast<std::uintptr_t>(w.data) % 64 == 0) return;
+  const std::size_t bytes = w.nbytes(), slice = std::size_t{16} << 20;
+  auto* copy = static_cast<std::byte*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+  if (copy == nullptr) return;  // the mapped rows still work, only slower
+  for (std::size_t at = 0; at < bytes; at += slice) {
+    const std::size_t n = bytes - at < slice ? bytes - at : slice;
+    std::memcpy(copy + at, w.data + at, n);
+    if (release_mapped) release_mapped_pages(w.data + at, n);
+  }
+  if (release_mapped) release_mapped_pages(w.data, bytes);  // the pages the slices straddled
+  w.owner = std::shared_ptr<const void>(copy, [](const void* q) { std::free(const_cast<void*>(q)); });
+  w.data = copy;
+}
+
 }  // namespace detail
 
 // Calls f(Weight&) for each matrix listed at the top of this file.
@@ -150,10 +173,13 @@ void for_each_packable_matrix(Weights& weights, F&& f) {
 // form. `release_mapped`: the weights point into a mapped checkpoint, whose pages of the packed
 // matrices are released once packed, so the copy replaces them in memory instead of doubling them
 // (an engine on the same model that reads the rows reads them back from the file).
+// The bf16 copy (kAllRoundedToBf16, the fast engines') also holds the embedding on cache lines
+// (detail::align_to_cache_line) when the checkpoint's does not start on one.
 inline ModelWeights pack_for_tiles(const ModelWeights& weights, bool release_mapped,
                                    TilePacking which = TilePacking::kAllRoundedToBf16) {
   ModelWeights out = weights;
   for_each_packable_matrix(out, [&](Weight& w) { detail::pack_matrix_tiles(w, release_mapped, which); });
+  if (which == TilePacking::kAllRoundedToBf16) detail::align_to_cache_line(out.embed_tokens, release_mapped);
   return out;
 }
 

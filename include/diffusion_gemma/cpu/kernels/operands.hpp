@@ -235,10 +235,9 @@ inline void blocked_product(const TileShape& shape, TileKernel tile, float* pane
   }
 }
 
-// Per-thread scratch that grows and is kept (OpenMP threads live as long as the process), aligned
-// to a cache line. A tile or vector row that straddles two lines is two loads: the AMX-INT8
-// product ran 1.45x slower from the 16-byte alignment malloc happened to give one build.
-// `count` elements of `buffer` starting on a cache line (grown as needed, never shrunk).
+// `count` elements of `buffer` starting on a cache line (grown as needed, never shrunk). A tile or
+// vector row that straddles two lines is two loads: the AMX-INT8 product ran 1.45x slower from the
+// 16-byte alignment malloc happened to give one build.
 template <class T>
 T* cache_aligned(std::vector<T>& buffer, std::size_t count) {
   constexpr std::size_t kAlign = 64;
@@ -249,6 +248,8 @@ T* cache_aligned(std::vector<T>& buffer, std::size_t count) {
   return buffer.data() + ((kAlign - at % kAlign) % kAlign) / sizeof(T);
 }
 
+// Per-thread scratch that grows and is kept (OpenMP threads live as long as the process), aligned
+// to a cache line; one buffer per element type and slot.
 template <class T, int kSlot>
 T* scratch(std::size_t count) {
   thread_local std::vector<T> buffer;
