@@ -5,6 +5,7 @@
 // OpenAI's error JSON, the API key, a client hanging up mid-stream, overload (429), metrics, and a
 // graceful SIGTERM.
 //   dg_serve_tests DGEMMA MODEL_DIR
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -190,6 +191,31 @@ void contract(int port) {
   const Reply wrong_method = get(port, "/v1/chat/completions");
   expect_error(wrong_method, 405, "", "method_not_allowed", "GET on a POST route");
   CHECK(header(wrong_method, "Allow") == "POST, OPTIONS", header(wrong_method, "Allow"));
+  expect_error(get(port, "/v1/models/"), 404, "", "unknown_route", "an empty model id");
+  {
+    // Route and method are judged before any body is read: a PUT that announces no length, or a
+    // POST without a body to a route that does not take one, is answered at once.
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(30, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto put = cli.Put("/v1/chat/completions");
+    auto post_models = cli.Post("/v1/models");
+    auto post_nowhere = cli.Post("/v1/nothing");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(put && put->status == 405, put ? put->body : "no answer to PUT");
+    CHECK(post_models && post_models->status == 405, post_models ? post_models->body : "no answer to POST /v1/models");
+    CHECK(post_nowhere && post_nowhere->status == 404, post_nowhere ? post_nowhere->body : "no answer to POST /v1/nothing");
+    CHECK(seconds < 2.0, "answers without bodies took " + std::to_string(seconds) + " s (the read timeout is 5 s)");
+  }
+  {
+    // Thousands of unknown fields are named in a bounded header.
+    std::string extra;
+    for (int i = 0; i < 2000; ++i) extra += ",\"unknown_field_" + std::to_string(i) + "\":1";
+    const Reply many = post(port, "/v1/chat/completions", chat_body("hi", extra));
+    CHECK(many.status == 200, many.body.substr(0, 300));
+    const std::string ignored = header(many, "X-Dgemma-Ignored");
+    CHECK(ignored.size() <= 1100 && ignored.find("more)") != std::string::npos, ignored.substr(0, 200));
+  }
   {
     // A chunked body is bounded by --max-body-bytes like one with a Content-Length.
     httplib::Client cli("127.0.0.1", port);
@@ -285,6 +311,11 @@ void api_key_and_overload(const std::string& key) {
           "CORS header on an answer");
   }
   expect_error(post(port, "/v1/chat/completions", chat_body("hi")), 401, "", "invalid_api_key", "no API key");
+  {
+    httplib::Client cli("127.0.0.1", port);
+    auto bodiless = cli.Post("/v1/chat/completions");  // the key is judged before the (missing) body
+    CHECK(bodiless && bodiless->status == 401, bodiless ? bodiless->body : "no answer");
+  }
   expect_error(post(port, "/v1/chat/completions", chat_body("hi"), "wrong"), 401, "", "invalid_api_key", "wrong API key");
   expect_error(get(port, "/v1/models", "wrong"), 401, "", "invalid_api_key", "wrong API key on /v1/models");
   CHECK(get(port, "/health").status == 200, "/health needs no key");

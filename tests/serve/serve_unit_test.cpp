@@ -128,6 +128,19 @@ TEST_CASE("serve: request checks name the field at fault", "[serve]") {
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]})") == 200);
   CHECK(status_of(R"({"model":"m","messages":[]})", &p) == 400);
   CHECK(p == "messages");
+  // A user or system turn needs its content; only an assistant turn may come without.
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":null}]})", &p) == 400);
+  CHECK(p == "messages[0].content");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"system","content":"s"},{"role":"user"}]})", &p) == 400);
+  CHECK(p == "messages[1].content");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":null},
+                     {"role":"user","content":"b"}]})") == 200);
+  // A content part's other keys are named as ignored, or refused under --strict.
+  const std::string part = R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x",
+                              "cache_control":{"type":"ephemeral"}}]}]})";
+  CHECK(ignored_of(part) == std::vector<std::string>{"messages[0].content[0].cache_control"});
+  CHECK(status_of(part, &p, true, true) == 400);
+  CHECK(p == "messages[0].content[0].cache_control");
   CHECK(status_of(R"({"model":"x","messages":[{"role":"user","content":"hi"}]})", &p) == 404);
   CHECK(p == "model");
   CHECK(status_of(R"({"messages":[{"role":"user","content":"hi"}]})", &p) == 400);

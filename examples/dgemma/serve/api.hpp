@@ -148,7 +148,9 @@ inline std::string get_string(const json& v, const std::string& param) {
 }
 
 // Message content: a string, or OpenAI's array of parts of which only {"type": "text"} is served.
-inline std::string get_content(const json& v, const std::string& param) {
+// A part's other keys (a client's cache_control, say) are ignored and named in `ignored`, or
+// refused under --strict, as a message's unknown keys are.
+inline std::string get_content(const json& v, const std::string& param, bool strict, std::vector<std::string>& ignored) {
   if (v.is_string()) return v.get<std::string>();
   if (!v.is_array()) bad_type(param, "a string or an array of text parts", v);
   std::string text;
@@ -161,6 +163,12 @@ inline std::string get_content(const json& v, const std::string& param) {
     }
     if (!part.contains("text")) throw ApiError(400, "'" + p + ".text' is missing", p + ".text", "missing_parameter");
     text += get_string(part["text"], p + ".text");
+    for (auto it = part.begin(); it != part.end(); ++it) {
+      if (it.key() == "type" || it.key() == "text") continue;
+      const std::string q = p + "." + it.key();
+      if (strict) throw ApiError(400, "unknown field '" + q + "'", q, "unknown_parameter");
+      ignored.push_back(q);
+    }
   }
   return text;
 }
@@ -414,7 +422,7 @@ inline GenerationRequest parse_chat_request(const std::string& body, const ApiLi
       if (k == "role") {
         continue;
       } else if (k == "content") {
-        if (!v.is_null()) msg.content = detail::get_content(v, q);
+        if (!v.is_null()) msg.content = detail::get_content(v, q, limits.strict, r.ignored);
       } else if (k == "name" || k == "refusal" || k == "reasoning_content" || k == "reasoning") {
         // accepted, not rendered: an assistant message handed back as the SDK returned it carries these
         if (!v.is_null()) (void)detail::get_string(v, q);
@@ -431,6 +439,12 @@ inline GenerationRequest parse_chat_request(const std::string& body, const ApiLi
       }
     }
     if (system && i != 0) detail::bad_value(p + ".role", "'" + msg.role + "' is only allowed as the first message");
+    // Only an assistant turn may come without content (OpenAI's rule: one that made tool calls);
+    // an empty user or system turn is a client's mistake, not a prompt.
+    if (msg.role != "assistant" && (!m[i].contains("content") || m[i]["content"].is_null())) {
+      throw ApiError(400, "'" + p + ".content' is required for a " + msg.role + " message", p + ".content",
+                     "missing_parameter");
+    }
     r.messages.push_back(std::move(msg));
   }
   return r;

@@ -114,10 +114,25 @@ std::string bearer_token(const std::string& authorization) {
 // The routes and the methods each answers, for 405's Allow header and CORS preflights.
 const char* allowed_methods(const std::string& path) {
   if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST, OPTIONS";
-  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/metrics") {
+  const bool model_path = path.size() > 11 && path.rfind("/v1/models/", 0) == 0;  // "/v1/models/{id}", id not empty
+  if (path == "/v1/models" || model_path || path == "/health" || path == "/metrics") {
     return "GET, HEAD, OPTIONS";
   }
   return nullptr;
+}
+
+// Whether `method` is one of the comma-separated names in `allow`.
+bool method_allowed(const char* allow, const std::string& method) {
+  const std::string list = allow;
+  std::size_t at = 0;
+  while (at < list.size()) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    std::size_t b = at, e = end;
+    while (b < e && list[b] == ' ') ++b;
+    if (list.compare(b, e - b, method) == 0 && e - b == method.size()) return true;
+    at = end + 1;
+  }
+  return false;
 }
 
 // The error code of a status that cpp-httplib sets itself, before any handler ran.
@@ -239,6 +254,7 @@ class Server {
       if (cors) {
         res.set_header("Access-Control-Allow-Origin", config_.cors_origin == "*" ? "*" : origin);
         res.set_header("Vary", "Origin");
+        res.set_header("Access-Control-Expose-Headers", "X-Dgemma-Seed, X-Dgemma-Ignored, Retry-After");
       }
       if (req.method == "OPTIONS") {  // a CORS preflight (it never carries the API key) or a plain OPTIONS
         if (allow == nullptr) return R::Unhandled;  // 404 from the error handler
@@ -252,19 +268,35 @@ class Server {
         }
         return R::Handled;
       }
+      // Route, method and key are judged here, before the HTTP library reads a body: a request
+      // that will be refused anyway gets its 404, 405 or 401 at once, whatever body it announces
+      // (a PUT without a length would otherwise be read until its connection closes).
+      if (allow == nullptr) {
+        send_error(res, ApiError(404, "unknown route: " + req.method + " " + req.path, "", "unknown_route"));
+        return R::Handled;
+      }
+      if (!method_allowed(allow, req.method)) {
+        res.set_header("Allow", allow);
+        send_error(res, ApiError(405, "method " + req.method + " is not allowed on " + req.path + " (allowed: " + allow + ")",
+                                 "", "method_not_allowed"));
+        return R::Handled;
+      }
+      // /health and /metrics stay open for load balancers and scrapers; the API needs the key.
+      if (!config_.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
+        const std::string auth = req.get_header_value("Authorization");
+        if (!same_secret(bearer_token(auth), config_.api_key)) {
+          send_error(res, ApiError(401, auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'" : "invalid API key",
+                                   "", "invalid_api_key"));
+          return R::Handled;
+        }
+      }
       // A POST with neither Content-Length nor chunked encoding has no body (RFC 9112); without
       // this check the HTTP library would wait for the connection to close to find its end.
       if (req.method == "POST" && !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
         send_error(res, ApiError(400, "the request has no body (send JSON with a Content-Length)", "", "invalid_json"));
         return R::Handled;
       }
-      // /health and /metrics stay open for load balancers and scrapers; the API needs the key.
-      if (config_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return R::Unhandled;
-      const std::string auth = req.get_header_value("Authorization");
-      if (same_secret(bearer_token(auth), config_.api_key)) return R::Unhandled;
-      send_error(res, ApiError(401, auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'" : "invalid API key",
-                               "", "invalid_api_key"));
-      return R::Handled;
+      return R::Unhandled;
     });
     http_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;  // a handler's own error JSON
@@ -516,8 +548,24 @@ class Server {
     // The seed the answer came from (drawn for "seed": -1), and the fields accepted without effect.
     res.set_header("X-Dgemma-Seed", std::to_string(job->request.seed));
     if (!job->request.ignored.empty()) {
+      // Bounded: proxies refuse responses whose headers pass a few KiB (nginx's default buffer is
+      // 4 KiB), and a request may carry thousands of unknown fields.
+      constexpr std::size_t kMaxIgnoredHeader = 1024;
       std::string names;
-      for (const auto& k : job->request.ignored) names += (names.empty() ? "" : ", ") + k;
+      std::size_t listed = 0;
+      for (const auto& k : job->request.ignored) {
+        if (names.size() + k.size() + 2 > kMaxIgnoredHeader) break;
+        std::string shown = k;  // a header value cannot carry control characters (CR/LF would drop it)
+        for (char& c : shown) {
+          if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+        }
+        names += (names.empty() ? "" : ", ") + shown;
+        ++listed;
+      }
+      if (listed < job->request.ignored.size()) {
+        names += (names.empty() ? "" : ", ") + std::string("... (") + std::to_string(job->request.ignored.size() - listed) +
+                 " more)";
+      }
       res.set_header("X-Dgemma-Ignored", names);
     }
     if (job->request.stream) {
