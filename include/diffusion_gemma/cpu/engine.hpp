@@ -811,8 +811,10 @@ class Engine {
             }
           }
         },
-        ctx_.threads);
+        threads_for_work(ctx_.threads, 4.0 * static_cast<double>(Hkv * Nk * D)));
     const std::int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
+    // Scores and values on tiles over every visible key (an upper bound: masks narrow the spans).
+    const double attention_macs = 2.0 * static_cast<double>(Hq) * static_cast<double>(T) * static_cast<double>(Nk) * D;
     const Isa isa = ctx_.isa;
     parallel_for(
         Hq * blocks,
@@ -847,7 +849,7 @@ class Engine {
           amx::values_on_tiles(pb, rows, own.values_bf16.data() + value_tiles * static_cast<std::size_t>(g), a0 / 32,
                                span / 32, D, oh, Hq * D, false);
         },
-        threads_for(T, 2 * Hq * Nk * D));
+        threads_for_product(ctx_, attention_macs, T));
   }
 #endif
 

@@ -151,13 +151,27 @@ inline void gemm_exact(const KernelContext& ctx, kernels::Gemm g) {
 // Products of fewer multiply-adds run on the calling thread: a second thread's wake-up and join
 // cost about as much as the work it would take over.
 inline constexpr double kMinSharedProduct = double(1 << 20);
+// AMX tiles multiply several times faster than the vector kernels, so the same wake-up and join
+// are worth it only for several times the work (measured on the bundled model: a single request's
+// passes of 16 rows ran 1.2-1.35x slower on 2 threads than on 1 with the vector kernels' bound,
+// and as fast with this one).
+inline constexpr double kMinSharedTileProduct = double(1 << 23);
+
+// Products with at most kStreamRows rows (autoregressive decoding) are bound by reading the weight
+// once, which the fp32 kernels do in row order; a 16-row tile would be mostly padding.
+inline constexpr std::int64_t kStreamRows = 4;
+
+// The bound for a product of `m` rows: the tiles' when it runs on them.
+inline double min_shared_product(const KernelContext& ctx, std::int64_t m) {
+  return ctx.bf16_tiles() && (ctx.row_invariant || m > kStreamRows) ? kMinSharedTileProduct : kMinSharedProduct;
+}
 
 // Splits the output columns into pieces (multiples of 32, the widest panel) and runs them in
 // parallel. Which thread computes a column never changes its value.
 // Whether over_columns shares an m x n x k product between threads.
 inline bool columns_shared(const KernelContext& ctx, std::int64_t m, std::int64_t n, std::int64_t k) {
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  return resolve_threads(ctx.threads) > 1 && work >= kMinSharedProduct && n > 32;
+  return resolve_threads(ctx.threads) > 1 && work >= min_shared_product(ctx, m) && n > 32;
 }
 
 template <class F>
@@ -174,9 +188,6 @@ void over_columns(const KernelContext& ctx, std::int64_t m, std::int64_t n, std:
       pieces, [&](std::int64_t p) { f(p * piece, std::min(n, (p + 1) * piece)); }, ctx.threads);
 }
 
-// Products with at most kStreamRows rows (autoregressive decoding) are bound by reading the weight
-// once, which the fp32 kernels do in row order; a 16-row tile would be mostly padding.
-inline constexpr std::int64_t kStreamRows = 4;
 inline bool tiles_for(const KernelContext& ctx, std::int64_t m) {
   return ctx.bf16_tiles() && (ctx.row_invariant || m > kStreamRows);
 }
@@ -195,7 +206,7 @@ void over_rows(const KernelContext& ctx, std::int64_t m, std::int64_t n, std::in
   constexpr std::int64_t kPiece = 32;
   const int threads = resolve_threads(ctx.threads);
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  if (threads <= 1 || work < kMinSharedProduct || m < 2 * kPiece) {
+  if (threads <= 1 || work < min_shared_product(ctx, m) || m < 2 * kPiece) {
     f(std::int64_t{0}, m);
     return;
   }
@@ -517,6 +528,12 @@ inline void linear_transposed(const KernelContext& ctx, const Weight& w, const f
   detail::over_columns(run, m, n, k, [&](std::int64_t n0, std::int64_t n1) { detail::gemm_exact(ctx, g.columns(n0, n1)); });
 }
 
+// Threads for `macs` multiply-adds of products of `rows` rows (or of work as dense as theirs) in
+// one region: the calling thread alone below detail::min_shared_product.
+inline int threads_for_product(const KernelContext& ctx, double macs, std::int64_t rows) {
+  return macs < detail::min_shared_product(ctx, rows) ? 1 : ctx.threads;
+}
+
 // Experts: for a weight [groups, out, in], rows [begin[g], begin[g + 1]) of x go through group g.
 // One task per group (each group's weights are read once, by one thread); on the calling thread
 // alone when all groups together are too little work to share (the same bound as over_columns).
@@ -528,7 +545,9 @@ inline void grouped_linear(const KernelContext& ctx, const Weight& w, const floa
   const std::int64_t groups = w.groups();
   const double work = static_cast<double>(begin[groups] - begin[0]) * static_cast<double>(w.group(0).rows()) *
                       static_cast<double>(w.group(0).cols());
-  const int threads = work < detail::kMinSharedProduct ? 1 : ctx.threads;
+  std::int64_t used = 0;  // experts with rows
+  for (std::int64_t e = 0; e < groups; ++e) used += begin[e + 1] > begin[e] ? 1 : 0;
+  const int threads = threads_for_product(ctx, work, (begin[groups] - begin[0]) / std::max<std::int64_t>(1, used));
   std::vector<std::int64_t> order;
   for (std::int64_t e = 0; e < groups; ++e)
     if (begin[e + 1] > begin[e]) order.push_back(e);

@@ -109,6 +109,9 @@ class VocabPass {
     chunk_mass_.resize(static_cast<std::size_t>(shards * blocks * kChunks));
     KernelContext serial = ctx;
     serial.threads = 1;
+    // Both products over every id, and the per-logit work: a small vocabulary's pass over a few
+    // rows (the bundled model's) is too little to share.
+    const double pass_work = 2.0 * static_cast<double>(C) * static_cast<double>(V) * static_cast<double>(H);
     parallel_for(
         shards * blocks,
         [&](std::int64_t task) {
@@ -138,7 +141,7 @@ class VocabPass {
             }
           }
         },
-        ctx.threads);
+        threads_for_product(ctx, pass_work, C));
     // Merge the shards in order: statistics, argmax (lowest index on ties), sample (highest Gumbel
     // score; lowest id on ties), and the soft embeddings rescaled to the common max.
     parallel_for(
@@ -178,7 +181,7 @@ class VocabPass {
             }
           }
         },
-        ctx.threads);
+        threads_for_work(ctx.threads, static_cast<double>(C) * static_cast<double>(shards) * static_cast<double>(H + 8)));
   }
 
  private:
