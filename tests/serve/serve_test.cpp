@@ -6,11 +6,18 @@
 // graceful SIGTERM.
 //   dg_serve_tests DGEMMA MODEL_DIR
 #include <chrono>
+#include <cstdint>
 #include <csignal>
 #include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "serve_harness.hpp"
 
@@ -32,6 +39,28 @@ json generate_json(const std::vector<std::string>& args) {
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   ::pclose(p);
   return json::parse(out);
+}
+
+// Sends `request` as raw bytes over a new loopback connection and returns what arrives first
+// (within `seconds`; empty if nothing does): for requests no HTTP client library would send.
+std::string first_bytes(int port, const std::string& request, int seconds = 3) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, seconds * 1000) > 0) {
+      char buf[4096];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n > 0) out.assign(buf, static_cast<std::size_t>(n));
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  return out;
 }
 
 void expect_error(const Reply& r, int status, const std::string& param, const std::string& code, const std::string& what) {
@@ -206,6 +235,18 @@ void contract(int port) {
     CHECK(post_models && post_models->status == 405, post_models ? post_models->body : "no answer to POST /v1/models");
     CHECK(post_nowhere && post_nowhere->status == 404, post_nowhere ? post_nowhere->body : "no answer to POST /v1/nothing");
     CHECK(seconds < 2.0, "answers without bodies took " + std::to_string(seconds) + " s (the read timeout is 5 s)");
+  }
+  {
+    // A Content-Length that is no byte count is refused at once; a body announced over the limit
+    // with Expect: 100-continue is refused before it is sent.
+    const std::string bad_length = first_bytes(
+        port, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n");
+    CHECK(bad_length.rfind("HTTP/1.1 400", 0) == 0 && bad_length.find("bad_request") != std::string::npos,
+          "Content-Length -5: '" + bad_length + "'");
+    const std::string expect = first_bytes(port,
+                                           "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                                           "Content-Type: application/json\r\nContent-Length: 2000000\r\n\r\n");
+    CHECK(expect.rfind("HTTP/1.1 413", 0) == 0, "Expect: 100-continue over the limit: '" + expect + "'");
   }
   {
     // Thousands of unknown fields are named in a bounded header.

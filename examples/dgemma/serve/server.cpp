@@ -8,6 +8,8 @@
 // its next write (a comment line every heartbeat keeps writes coming between canvases) and its
 // request is cancelled, which frees its slot before the next pass.
 #include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -119,6 +121,20 @@ const char* allowed_methods(const std::string& path) {
     return "GET, HEAD, OPTIONS";
   }
   return nullptr;
+}
+
+// The request's Content-Length as a byte count; empty when it is absent or not a plain decimal
+// number that fits 64 bits.
+std::optional<std::uint64_t> content_length(const httplib::Request& req) {
+  if (!req.has_header("Content-Length")) return std::nullopt;
+  const std::string v = req.get_header_value("Content-Length");
+  if (v.empty() || v.size() > 19) return std::nullopt;  // 19 digits always fit 64 bits
+  std::uint64_t n = 0;
+  for (const char c : v) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  return n;
 }
 
 // Whether `method` is one of the comma-separated names in `allow`.
@@ -290,6 +306,14 @@ class Server {
           return R::Handled;
         }
       }
+      // A length that is not a decimal count (negative, garbage, past 2^64) is a malformed request
+      // (RFC 9112); the library would wait its read timeout for such a body and then answer 413.
+      if (req.has_header("Content-Length") && !content_length(req).has_value()) {
+        res.set_header("Connection", "close");
+        send_error(res, ApiError(400, "Content-Length '" + req.get_header_value("Content-Length") + "' is not a byte count",
+                                 "", "bad_request"));
+        return R::Handled;
+      }
       // A POST with neither Content-Length nor chunked encoding has no body (RFC 9112); without
       // this check the HTTP library would wait for the connection to close to find its end.
       if (req.method == "POST" && !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
@@ -297,6 +321,17 @@ class Server {
         return R::Handled;
       }
       return R::Unhandled;
+    });
+    // A client that asks before sending its body (Expect: 100-continue, as curl does past 1 KiB)
+    // learns at once that it is over the limit, instead of uploading it to be dropped.
+    http_.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+      const auto length = content_length(req);
+      if (length.has_value() && *length > config_.max_body_bytes) {
+        res.set_header("Connection", "close");
+        send_error(res, body_too_large());
+        return 413;
+      }
+      return 100;
     });
     http_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;  // a handler's own error JSON
