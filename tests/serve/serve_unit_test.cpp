@@ -157,6 +157,13 @@ TEST_CASE("serve: request checks name the field at fault", "[serve]") {
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1,"top_p":1,"n":1})") == 200);
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-2})", &p) == 400);
   CHECK(p == "seed");
+  try {  // the message states the range that is accepted (all of 64 bits, and -1)
+    parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-2})", limits());
+  } catch (const ApiError& e) {
+    CHECK(std::string(e.what()).find("18446744073709551615") != std::string::npos);
+  }
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":18446744073709551616})", &p) == 400);
+  CHECK(p == "seed");
   CHECK(parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-1})", limits()).random_seed);
   // Numbers beyond a double are a client's JSON error, not a server failure.
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1e400})", &p) == 400);

@@ -363,8 +363,10 @@ inline json parse_common(const std::string& body, const ApiLimits& limits, const
       r.seed = s.get<std::uint64_t>();
     } else if (s.is_number_integer() && s.get<std::int64_t>() == -1) {
       r.random_seed = true;
+    } else if (s.is_number_integer()) {
+      bad_value("seed", "must be -1 (a random seed) or an integer in [0, 18446744073709551615] (got " + s.dump() + ")");
     } else {
-      r.seed = static_cast<std::uint64_t>(get_int(s, "seed", 0, INT64_MAX));
+      bad_type("seed", "an integer in [0, 18446744073709551615], or -1", s);
     }
   }
   if (j.contains("stop")) parse_stop(j["stop"], limits, r.stop);

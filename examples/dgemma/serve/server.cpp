@@ -509,8 +509,10 @@ class Server {
       (void)Scheduler::plan(o.scheduler, cfg, prompt_length);
     } catch (const dg::Error& e) {
       const bool prompt_alone = prompt_length + cfg.canvas_length > cfg.max_position_embeddings;
-      throw ApiError(400, std::string(e.what()) + " (the prompt is " + std::to_string(prompt_length) + " tokens)",
-                     prompt_alone ? prompt_param : "max_tokens", "context_length_exceeded");
+      std::string why = e.what();
+      const std::string tokens = std::to_string(prompt_length) + " tokens";
+      if (why.find(tokens) == std::string::npos) why += " (the prompt is " + tokens + ")";
+      throw ApiError(400, why, prompt_alone ? prompt_param : "max_tokens", "context_length_exceeded");
     }
     return o;
   }
