@@ -419,8 +419,21 @@ int main(int argc, char** argv) {
     {
       ServerProcess s(g_dgemma, {"--model", g_model, "--threads", "1", "--max-body-bytes", "65536"});
       contract(s.port());
+      // An idle keep-alive connection (a load balancer's) must not hold the exit back by the
+      // library's 5 s keep-alive timeout.
+      const int idle = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<std::uint16_t>(s.port()));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      const bool connected = ::connect(idle, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+      CHECK(connected, "could not open the idle connection");
+      const auto t0 = std::chrono::steady_clock::now();
       const int rc = s.terminate(20);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ::close(idle);
       CHECK(rc == 0, "exit code after SIGTERM: " + std::to_string(rc));
+      CHECK(seconds < 3.0, "SIGTERM with an idle connection open took " + std::to_string(seconds) + " s to exit");
       if (failures) std::fprintf(stderr, "server log:\n%s\n", s.log().c_str());
     }
     api_key_and_overload("sk-test-123");

@@ -216,6 +216,7 @@ class Server {
                  port, api_.model_id.c_str(), threads);
     std::fflush(stderr);
     http_.listen_after_bind();
+    listener_done_ = true;
     stop_worker_ = true;
     batcher_.interrupt();
     worker_.join();
@@ -241,6 +242,18 @@ class Server {
     const auto grace = Clock::now() + std::chrono::seconds(5);
     while (in_flight_.load() > 0 && Clock::now() < grace) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     http_.stop();
+    // The HTTP library joins its threads only when each idle keep-alive connection times out (5 s;
+    // a load balancer keeps some open all the time), which would push the exit past a container's
+    // stop timeout. Every answer has been sent by now, so a listener still open after a second is
+    // only holding idle connections: leave without waiting for them.
+    const auto idle = Clock::now() + std::chrono::seconds(1);
+    while (!listener_done_ && Clock::now() < idle) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!listener_done_ && in_flight_.load() == 0) {
+      std::fprintf(stderr, "dgemma serve: stopped (idle keep-alive connections closed)\n");
+      std::fflush(stderr);
+      std::fflush(stdout);
+      std::_Exit(0);
+    }
   }
   void force() { force_ = true; }
 
@@ -783,7 +796,7 @@ class Server {
   serve::Metrics metrics_;
   httplib::Server http_;
   std::thread worker_;
-  std::atomic<bool> stop_worker_{false}, draining_{false}, force_{false};
+  std::atomic<bool> stop_worker_{false}, draining_{false}, force_{false}, listener_done_{false};
   std::atomic<int> in_flight_{0};
   std::atomic<std::uint64_t> request_counter_{0};
   std::mutex registry_mu_;
