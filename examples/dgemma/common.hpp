@@ -94,7 +94,7 @@ void apply_sampler_flags(const Flags& f, std::int64_t vocab, Options& o) {
   o.scheduler.max_new_tokens =
       static_cast<int>(f.integer("max-new-tokens", o.scheduler.max_new_tokens, 1, 1 << 24));
   o.sampler.max_denoising_steps =
-      static_cast<int>(f.integer("max-denoising-steps", o.sampler.max_denoising_steps, 1, 1 << 20));
+      static_cast<int>(f.integer("max-denoising-steps", o.sampler.max_denoising_steps, 1, GenerationConfig::kMaxDenoisingSteps));
   o.sampler.schedule.t_min = f.number("t-min", o.sampler.schedule.t_min, 0.0, 1e6);
   o.sampler.schedule.t_max = f.number("t-max", o.sampler.schedule.t_max, 0.0, 1e6);
   if (!(o.sampler.schedule.t_max > o.sampler.schedule.t_min)) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <limits>
 #include <vector>
 
 #include <diffusion_gemma/core/math.hpp>
@@ -114,6 +115,17 @@ TEST_CASE("router_top_k: softmax order, renormalised weights times per-expert sc
   float w2[2];
   int i2[2];
   math::router_top_k(tied.data(), ones.data(), 4, 2, w2, i2);
+  CHECK(i2[0] == 0);
+  CHECK(i2[1] == 1);
+  // NaN probabilities (non-finite activations) rank first, as in torch.topk, and every index is an
+  // expert: callers index their tables with them.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> some_nan{0.1f, nan, 0.6f, 0.3f};
+  math::router_top_k(some_nan.data(), ones.data(), 4, 2, w2, i2);
+  CHECK(i2[0] == 1);
+  CHECK(i2[1] == 2);
+  std::vector<float> all_nan(4, nan);
+  math::router_top_k(all_nan.data(), ones.data(), 4, 2, w2, i2);
   CHECK(i2[0] == 0);
   CHECK(i2[1] == 1);
 }

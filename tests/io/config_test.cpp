@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <limits>
 #include <string>
 
 #include <diffusion_gemma/io/config.hpp>
@@ -203,6 +204,18 @@ TEST_CASE("config errors name the key at fault", "[io][config]") {
     j.erase("canvas_length");
     CHECK_THAT(error_of(j), Contains("canvas_length"));
   }
+  SECTION("a number that is Inf or 0 in fp32") {
+    j["text_config"]["rms_norm_eps"] = 1e300;
+    CHECK_THAT(error_of(j), Contains("text_config.rms_norm_eps") && Contains("not representable in fp32"));
+  }
+  SECTION("a RoPE theta that underflows fp32") {
+    j["text_config"]["rope_parameters"]["sliding_attention"]["rope_theta"] = 1e-300;
+    CHECK_THAT(error_of(j), Contains("sliding_attention.rope_theta") && Contains("not representable in fp32"));
+  }
+  SECTION("an integer past int64") {
+    j["text_config"]["hidden_size"] = Json(std::numeric_limits<std::uint64_t>::max());
+    CHECK_THAT(error_of(j), Contains("text_config.hidden_size") && Contains("18446744073709551615 is out of range"));
+  }
 }
 
 TEST_CASE("generation_config.json: values, nulls fall back to the reference defaults", "[io][config]") {
@@ -220,6 +233,9 @@ TEST_CASE("generation_config.json: values, nulls fall back to the reference defa
 
   const Json bad = Json::parse(R"({"t_min": 0.9, "t_max": 0.8})");
   CHECK_THROWS_WITH(io::parse_generation_config(bad, "g.json"), Contains("t_max must be > t_min"));
+  // The file's step count has the command line's bound: a run that would never end is refused.
+  const Json steps = Json::parse(R"({"max_denoising_steps": 2147483647})");
+  CHECK_THROWS_WITH(io::parse_generation_config(steps, "g.json"), Contains("max_denoising_steps must be in [1, 1048576]"));
   const Json sampler = Json::parse(R"({"sampler_config": {"_cls_name": "TopKSampler"}})");
   CHECK_THROWS_WITH(io::parse_generation_config(sampler, "g.json"), Contains("TopKSampler"));
   // Defaults when there is no key at all: the released checkpoint's stop set.

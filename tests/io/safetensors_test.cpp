@@ -4,6 +4,9 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <diffusion_gemma/io/safetensors.hpp>
 #include <diffusion_gemma/io/safetensors_writer.hpp>
 
@@ -101,6 +104,17 @@ TEST_CASE("safetensors rejects malformed files with a message naming the file an
   SECTION("header is not UTF-8") {
     const auto p = make_file("utf8.safetensors", std::string("{\"a\xff\": 1}"), 0);
     CHECK_THAT(error_of(p), Contains("not valid UTF-8"));
+  }
+  SECTION("a NUL byte in the header (the JSON parser would stop there and drop the rest)") {
+    const auto p = make_file("nul.safetensors", std::string("{}\0{\"w\": 1}", 11), 0);
+    CHECK_THAT(error_of(p), Contains("nul.safetensors") && Contains("a NUL byte at offset 2"));
+  }
+  SECTION("a FIFO in place of the file is refused, not waited on") {
+    const std::string p = dir() + "/fifo.safetensors";
+    ::unlink(p.c_str());
+    REQUIRE(::mkfifo(p.c_str(), 0600) == 0);
+    CHECK_THAT(error_of(p), Contains("fifo.safetensors") && Contains("not a regular file"));
+    ::unlink(p.c_str());
   }
   SECTION("header is not an object") {
     const auto p = make_file("array.safetensors", "[1,2]", 0);

@@ -15,54 +15,12 @@
 #include <diffusion_gemma/io/weights.hpp>
 
 #include "support/catch.hpp"
+#include "support/edited_checkpoint.hpp"
 #include "support/paths.hpp"
 
 using namespace diffusion_gemma;
 using Catch::Matchers::Contains;
 
-namespace {
-
-// Copies the dg_small fixture into a fresh directory, editing its tensors on the way.
-struct EditedCheckpoint {
-  std::string dir;
-  EditedCheckpoint(const std::string& name, const std::map<std::string, std::vector<float>>& replace,
-                   const std::vector<std::string>& drop, const std::map<std::string, Shape>& add) {
-    dir = dg_test::temp_dir(name);
-    const std::string src = dg_test::fixture("dg_small");
-    for (const char* f : {"config.json", "generation_config.json"}) {
-      std::ifstream in(src + "/" + f, std::ios::binary);
-      std::ofstream out(dir + "/" + f, std::ios::binary);
-      out << in.rdbuf();
-    }
-    const io::SafetensorsFile ckpt(src + "/model.safetensors");
-    io::SafetensorsWriter w;
-    for (const auto& e : ckpt.entries()) {
-      if (std::find(drop.begin(), drop.end(), e.name) != drop.end()) continue;
-      const auto it = replace.find(e.name);
-      if (it != replace.end()) {
-        w.add(e.name, Shape{static_cast<std::int64_t>(it->second.size())}, it->second.data());
-      } else {
-        w.add(e.name, e.tensor.dtype, e.tensor.shape, e.tensor.data);
-      }
-    }
-    for (const auto& kv : add) {
-      std::vector<float> zeros(static_cast<std::size_t>(kv.second.numel()), 0.0f);
-      w.add(kv.first, kv.second, zeros.data());
-    }
-    w.write(dir + "/model.safetensors");
-  }
-  std::string bind_error() const {
-    try {
-      const io::Checkpoint c(dir);
-      io::bind_weights(c, io::load_model_config(dir));
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  }
-};
-
-}  // namespace
 
 TEST_CASE("a transformers checkpoint binds completely; vision tensors are ignored and counted", "[io][weights]") {
   const io::Checkpoint c(dg_test::fixture("dg_small"));
@@ -89,23 +47,23 @@ TEST_CASE("a transformers checkpoint binds completely; vision tensors are ignore
 
 TEST_CASE("binding reports missing, misshapen and unexpected tensors by name", "[io][weights]") {
   SECTION("missing") {
-    const EditedCheckpoint e("w_missing", {}, {"model.decoder.layers.2.mlp.up_proj.weight"}, {});
+    const dg_test::EditedCheckpoint e("w_missing", {}, {"model.decoder.layers.2.mlp.up_proj.weight"}, {});
     CHECK_THAT(e.bind_error(), Contains("missing tensors (1)") && Contains("model.decoder.layers.2.mlp.up_proj.weight [80, 48]"));
   }
   SECTION("misshapen") {
-    const EditedCheckpoint e("w_shape", {{"model.decoder.norm.weight", std::vector<float>(47, 1.0f)}}, {}, {});
+    const dg_test::EditedCheckpoint e("w_shape", {{"model.decoder.norm.weight", std::vector<float>(47, 1.0f)}}, {}, {});
     CHECK_THAT(e.bind_error(), Contains("model.decoder.norm.weight: shape [47], expected [48]"));
   }
   SECTION("unexpected") {
-    const EditedCheckpoint e("w_extra", {}, {}, {{"model.decoder.layers.0.self_attn.q_bias", Shape{48}}});
+    const dg_test::EditedCheckpoint e("w_extra", {}, {}, {{"model.decoder.layers.0.self_attn.q_bias", Shape{48}}});
     CHECK_THAT(e.bind_error(), Contains("unexpected tensors (1)") && Contains("q_bias"));
   }
   SECTION("encoder and decoder layer scalars disagree") {
-    const EditedCheckpoint e("w_scalar", {{"model.encoder.language_model.layers.3.layer_scalar", {0.125f}}}, {}, {});
+    const dg_test::EditedCheckpoint e("w_scalar", {{"model.encoder.language_model.layers.3.layer_scalar", {0.125f}}}, {}, {});
     CHECK_THAT(e.bind_error(), Contains("model.encoder.language_model.layers.3.layer_scalar = 0.125 differs"));
   }
   SECTION("all problems at once") {
-    const EditedCheckpoint e("w_many", {{"model.decoder.norm.weight", std::vector<float>(47, 1.0f)}},
+    const dg_test::EditedCheckpoint e("w_many", {{"model.decoder.norm.weight", std::vector<float>(47, 1.0f)}},
                              {"model.decoder.embed_tokens.weight"}, {{"model.decoder.extra", Shape{2}}});
     const std::string msg = e.bind_error();
     CHECK_THAT(msg, Contains("missing tensors") && Contains("wrong shape or dtype") && Contains("unexpected tensors"));
@@ -115,7 +73,7 @@ TEST_CASE("binding reports missing, misshapen and unexpected tensors by name", "
 TEST_CASE("--check-weights finds a non-finite weight and names it", "[io][weights]") {
   std::vector<float> w(48, 1.0f);
   w[7] = std::numeric_limits<float>::quiet_NaN();
-  const EditedCheckpoint e("w_nan", {{"model.decoder.layers.1.input_layernorm.weight", w}}, {}, {});
+  const dg_test::EditedCheckpoint e("w_nan", {{"model.decoder.layers.1.input_layernorm.weight", w}}, {}, {});
   const io::Checkpoint c(e.dir);
   CHECK_THROWS_WITH(io::check_weights_finite(c), Contains("model.decoder.layers.1.input_layernorm.weight") &&
                                                      Contains("flat index 7"));

@@ -5,6 +5,7 @@
 // stop reasons. Every decision in between (argmax, entropies, entropy-bound acceptance, stability,
 // confidence, commit, stop ids, PAD fill, re-encoding) is ours.
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include <diffusion_gemma/runtime/decoder.hpp>
 
 #include "support/catch.hpp"
+#include "support/edited_checkpoint.hpp"
 #include "support/paths.hpp"
 #include "support/replay_settings.hpp"
 
@@ -96,4 +98,24 @@ TEST_CASE("running out of recorded draws names the canvas and step", "[runtime][
   e.options.sampler.stopping.confidence_threshold = 1e-12;
   CHECK_THROWS_WITH(decoder.generate(draws.prompt_ids, e.options),
                     Catch::Matchers::Contains("ran out of recorded draws at canvas 0, step 10"));
+}
+
+TEST_CASE("non-finite activations stop a generation with a message, not with arbitrary tokens", "[runtime]") {
+  // One NaN in a norm weight of the first layer: every activation after it is NaN, in both
+  // precisions (with a NaN router probability among them, which must still pick real experts).
+  std::vector<float> norm(48, 1.0f);
+  norm[5] = std::numeric_limits<float>::quiet_NaN();
+  const dg_test::EditedCheckpoint e("nan_activations", {{"model.decoder.layers.0.input_layernorm.weight", norm}}, {}, {});
+  auto model = cpu::Model::load(e.dir);
+  for (const cpu::Precision precision : {cpu::Precision::kExact, cpu::Precision::kFast}) {
+    cpu::EngineOptions eo;
+    eo.precision = precision;
+    eo.threads = 1;
+    Decoder<cpu::Engine<DiffusionGemmaBackbone>> decoder(model, eo);
+    auto o = Decoder<cpu::Engine<DiffusionGemmaBackbone>>::default_options(model->generation_config());
+    o.scheduler.max_new_tokens = 16;
+    CHECK_THROWS_WITH(decoder.generate({2, 10, 11, 12}, o),
+                      Catch::Matchers::Contains("non-finite logits at canvas 0, step 0") &&
+                          Catch::Matchers::Contains("--check-weights"));
+  }
 }

@@ -177,7 +177,9 @@ DG_HOST_DEVICE float gumbel(float u) { return -logf(-logf(u)); }
 
 // Router of one token (Gemma 4): softmax over expert logits, top-k by probability (ties: lower
 // expert first), renormalise to sum 1, then multiply by per_expert_scale[expert].
-// `probs` holds the softmax already; writes k weights and indices.
+// `probs` holds the softmax already; writes k weights and indices. A NaN probability (from a
+// non-finite activation) ranks above every number, as in torch.topk, so every index written is an
+// expert: the caller indexes its tables with them.
 DG_HOST_DEVICE void router_top_k(const float* probs, const float* per_expert_scale, int num_experts, int k,
                                  float* weights, int* indices) {
   for (int j = 0; j < k; ++j) {
@@ -186,7 +188,8 @@ DG_HOST_DEVICE void router_top_k(const float* probs, const float* per_expert_sca
     for (int e = 0; e < num_experts; ++e) {
       bool taken = false;
       for (int t = 0; t < j; ++t) taken = taken || (indices[t] == e);
-      if (!taken && probs[e] > best_p) {
+      const bool nan = probs[e] != probs[e], best_nan = best_p != best_p;
+      if (!taken && (best < 0 || (nan && !best_nan) || (!best_nan && probs[e] > best_p))) {
         best_p = probs[e];
         best = e;
       }

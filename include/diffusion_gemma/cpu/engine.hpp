@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include <diffusion_gemma/core/math.hpp>
@@ -87,7 +88,13 @@ class Engine {
     check_max_pass_tokens(opts_.max_pass_tokens, "cpu::EngineOptions::max_pass_tokens");
     // Encoder passes run max_pass_tokens at a time; the workspace also holds a whole canvas.
     base_rows_ = std::max<std::int64_t>(opts_.max_pass_tokens, cfg_.is_diffusion() ? cfg_.canvas_length : 1);
-    reserve(base_rows_);
+    try {
+      reserve(base_rows_);
+    } catch (const std::bad_alloc&) {
+      throw_error(StatusCode::kOutOfMemory, cfg_.source, ": the workspace for passes of ", base_rows_,
+                  " tokens (canvas_length ", cfg_.canvas_length, ", max_pass_tokens ", opts_.max_pass_tokens,
+                  ") does not fit in memory (about ", request_bytes(cfg_, 0, base_rows_, ctx_.threads) / 1048576.0, " MiB)");
+    }
   }
 
   const ModelConfig& config() const { return cfg_; }

@@ -167,7 +167,10 @@ class VocabPass {
           const std::int64_t i = r - sg.row0;
           out.argmax[i] = best.argmax;
           out.sample[i] = sg.args.sample ? best.sample : -1;
-          out.entropy[i] = stats.entropy();
+          // No finite logit in the whole row (NaN activations skip every comparison): a NaN
+          // entropy says so to the caller, instead of a distribution over nothing.
+          out.entropy[i] = stats.max > -std::numeric_limits<float>::infinity() ? stats.entropy()
+                                                                               : std::numeric_limits<float>::quiet_NaN();
           if (sg.args.soft_embedding) {
             float* s = out.soft_embedding.data() + i * H;
             std::fill(s, s + H, 0.0f);

@@ -7,7 +7,11 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <string_view>
+#include <cstring>
 #include <string>
+
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
@@ -18,9 +22,15 @@ namespace diffusion_gemma::io {
 
 using Json = nlohmann::json;
 
+// The offset of a NUL byte in `text`, or npos. JSON never holds a raw NUL (inside a string it is
+// escaped), and the parser takes one for the end of its input: what followed would be dropped.
+inline std::size_t find_nul(std::string_view text) { return text.find('\0'); }
+
 inline Json parse_json_text(const std::string& text, const std::string& where) {
   const auto bad = find_invalid_utf8(text);
   if (bad != std::string::npos) throw_error(StatusCode::kFormatError, where, ": not valid UTF-8 (byte ", bad, ")");
+  const auto nul = find_nul(text);
+  if (nul != std::string::npos) throw_error(StatusCode::kFormatError, where, ": not valid JSON: a NUL byte at offset ", nul);
   try {
     return Json::parse(text);
   } catch (const Json::exception& e) {
@@ -29,6 +39,13 @@ inline Json parse_json_text(const std::string& text, const std::string& where) {
 }
 
 inline std::string read_text_file(const std::string& path) {
+  // Checked before opening: opening a FIFO would block until a writer comes, and a directory
+  // "opens" and reads as empty.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw_error(StatusCode::kNotFound, path, ": cannot open: ", std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) {
+    throw_error(StatusCode::kIoError, path, ": not a regular file (", S_ISDIR(st.st_mode) ? "a directory" : "a special file", ")");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw_error(StatusCode::kNotFound, path, ": cannot open");
   std::ostringstream s;
@@ -85,6 +102,9 @@ class JsonObject {
     return v.get<std::string>();
   }
   std::int64_t as_integer(const Json& v, const std::string& key) const {
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      fail(key, "value ", v.dump(), " is out of range");
+    }
     if (v.is_number_integer()) return v.get<std::int64_t>();
     if (v.is_number_float()) {
       const double d = v.get<double>();
@@ -92,9 +112,18 @@ class JsonObject {
     }
     fail(key, "expected an integer, got ", type_of(v), " ", v.dump());
   }
+  // Every number read here is computed with in fp32: one that becomes Inf or 0 there (1e300, 1e-300)
+  // is refused, rather than passing a check in double and overflowing later.
   double as_number(const Json& v, const std::string& key) const {
     if (!v.is_number()) fail(key, "expected a number, got ", type_of(v));
-    return v.get<double>();
+    const double d = v.get<double>();
+    const double a = std::abs(d);
+    if (a > static_cast<double>(std::numeric_limits<float>::max()) ||
+        (a != 0.0 && a < static_cast<double>(std::numeric_limits<float>::min()))) {
+      fail(key, "value ", v.dump(), " is not representable in fp32 (magnitudes ", std::numeric_limits<float>::min(), " to ",
+           std::numeric_limits<float>::max(), ")");
+    }
+    return d;
   }
   int as_int32(std::int64_t v, const std::string& key) const {
     if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) fail(key, "value ", v, " is out of range");

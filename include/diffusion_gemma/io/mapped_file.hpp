@@ -22,7 +22,9 @@ class MappedFile {
  public:
   MappedFile() = default;
   explicit MappedFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO in place of a checkpoint must not wait for a writer (the type is
+    // checked right after; for a regular file the flag changes nothing).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       const int err = errno;
       throw_error(err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError, path,

@@ -56,6 +56,10 @@ inline std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view h
     throw_error(StatusCode::kFormatError, where, ": safetensors header is not valid UTF-8 (byte ", bad,
                 " of the header)");
   }
+  if (header.find('\0') != std::string_view::npos) {
+    throw_error(StatusCode::kFormatError, where, ": safetensors header is not valid JSON: a NUL byte at offset ",
+                header.find('\0'), " of the header");
+  }
   std::set<std::string> seen;
   std::string duplicate;
   json root;
@@ -270,6 +274,9 @@ class Checkpoint {
     MappedFile f(index_path);
     const std::string_view text(reinterpret_cast<const char*>(f.data()), f.size());
     json root;
+    if (text.find('\0') != std::string_view::npos) {
+      throw_error(StatusCode::kFormatError, index_path, ": not valid JSON: a NUL byte at offset ", text.find('\0'));
+    }
     try {
       root = json::parse(text);
     } catch (const json::exception& e) {

@@ -134,11 +134,16 @@ struct GenerationConfig {
   double confidence_threshold = 0.005;
   std::vector<int> stop_token_ids{1, 106, 50};
   int pad_token_id = 0;
+  // The most denoising steps per canvas a configuration may ask for (`dgemma --max-denoising-steps`
+  // has the same bound): beyond it a run would not end in any useful time.
+  static constexpr int kMaxDenoisingSteps = 1 << 20;
 
   void validate() const {
     const auto fail = [&](auto&&... parts) { throw_error(StatusCode::kInvalidArgument, source, ": ", parts...); };
     if (max_new_tokens <= 0) fail("max_new_tokens must be positive (got ", max_new_tokens, ")");
-    if (max_denoising_steps <= 0) fail("max_denoising_steps must be positive (got ", max_denoising_steps, ")");
+    if (max_denoising_steps <= 0 || max_denoising_steps > kMaxDenoisingSteps) {
+      fail("max_denoising_steps must be in [1, ", kMaxDenoisingSteps, "] (got ", max_denoising_steps, ")");
+    }
     if (!(entropy_bound > 0.0)) fail("entropy_bound must be > 0 (got ", entropy_bound, ")");
     if (!(t_min >= 0.0)) fail("t_min must be >= 0 (got ", t_min, ")");
     if (!(t_max > t_min)) fail("t_max must be > t_min (got t_min ", t_min, ", t_max ", t_max, ")");

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -176,6 +177,20 @@ class Sequence {
     const std::int64_t V = cfg_->vocab_size;
     const int C = C_, s = s_, n = N - s_;
     ++result_.forwards;
+    // Finite logits always give a finite entropy and ids inside the vocabulary. A NaN or Inf comes
+    // from weights or config values that overflow fp32; sampling from it would put arbitrary ids
+    // (or none) on the canvas, so the generation stops here and says why.
+    for (int i = 0; i < C; ++i) {
+      const float h = stats_.entropy[i];
+      const std::int32_t id = Sampler::Rng::kReplaysSamples ? stats_.argmax[i] : stats_.sample[i];
+      if (!(h - h == 0.0f) || stats_.argmax[i] < 0 || stats_.argmax[i] >= V || id < 0 || id >= V) {
+        throw Error(StatusCode::kFormatError,
+                    "non-finite logits at canvas " + std::to_string(b_) + ", step " + std::to_string(s) + ", position " +
+                        std::to_string(i) + " (entropy " + std::to_string(h) +
+                        "): the checkpoint's weights or config values overflow fp32 (`dgemma generate --check-weights` "
+                        "names NaN or Inf weights)");
+      }
+    }
     for (int i = 0; i < C; ++i) {
       if constexpr (Sampler::Rng::kReplaysSamples) {
         candidate_[i] = rng_.sample(b_, s, i, V);
