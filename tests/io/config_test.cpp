@@ -212,6 +212,11 @@ TEST_CASE("config errors name the key at fault", "[io][config]") {
     j["text_config"]["rope_parameters"]["sliding_attention"]["rope_theta"] = 1e-300;
     CHECK_THAT(error_of(j), Contains("sliding_attention.rope_theta") && Contains("not representable in fp32"));
   }
+  SECTION("a bos id outside the vocabulary") {
+    j["text_config"]["bos_token_id"] = 100000;
+    j["bos_token_id"] = 100000;
+    CHECK_THAT(error_of(j), Contains("bos_token_id 100000 is outside the vocabulary"));
+  }
   SECTION("an integer past int64") {
     j["text_config"]["hidden_size"] = Json(std::numeric_limits<std::uint64_t>::max());
     CHECK_THAT(error_of(j), Contains("text_config.hidden_size") && Contains("18446744073709551615 is out of range"));

@@ -117,6 +117,9 @@ struct ModelConfig {
     }
     if (is_diffusion() && canvas_length <= 0) fail("canvas_length must be positive (got ", canvas_length, ")");
     if (pad_token_id < 0 || pad_token_id >= vocab_size) fail("pad_token_id ", pad_token_id, " is outside the vocabulary");
+    if (bos_token_id < 0 || bos_token_id >= vocab_size) {
+      fail("bos_token_id ", bos_token_id, " is outside the vocabulary (vocab_size ", vocab_size, ")");
+    }
   }
 };
 
