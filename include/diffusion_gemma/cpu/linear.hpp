@@ -545,12 +545,12 @@ inline void grouped_linear(const KernelContext& ctx, const Weight& w, const floa
   const std::int64_t groups = w.groups();
   const double work = static_cast<double>(begin[groups] - begin[0]) * static_cast<double>(w.group(0).rows()) *
                       static_cast<double>(w.group(0).cols());
-  std::int64_t used = 0;  // experts with rows
-  for (std::int64_t e = 0; e < groups; ++e) used += begin[e + 1] > begin[e] ? 1 : 0;
-  const int threads = threads_for_product(ctx, work, (begin[groups] - begin[0]) / std::max<std::int64_t>(1, used));
-  std::vector<std::int64_t> order;
+  std::vector<std::int64_t> order;  // the experts with rows
   for (std::int64_t e = 0; e < groups; ++e)
     if (begin[e + 1] > begin[e]) order.push_back(e);
+  const std::int64_t rows_per_expert =
+      (begin[groups] - begin[0]) / std::max<std::int64_t>(1, static_cast<std::int64_t>(order.size()));
+  const int threads = threads_for_product(ctx, work, rows_per_expert);
   if (resolve_threads(threads) > 1) {
     std::stable_sort(order.begin(), order.end(),
                      [&](std::int64_t a, std::int64_t b) { return begin[a + 1] - begin[a] > begin[b + 1] - begin[b]; });

@@ -4,12 +4,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <sstream>
-#include <string_view>
-#include <cstring>
 #include <string>
+#include <string_view>
 
 #include <sys/stat.h>
 
@@ -26,11 +26,11 @@ using Json = nlohmann::json;
 // escaped), and the parser takes one for the end of its input: what followed would be dropped.
 inline std::size_t find_nul(std::string_view text) { return text.find('\0'); }
 
-inline Json parse_json_text(const std::string& text, const std::string& where) {
+inline Json parse_json_text(std::string_view text, const std::string& where) {
   const auto bad = find_invalid_utf8(text);
-  if (bad != std::string::npos) throw_error(StatusCode::kFormatError, where, ": not valid UTF-8 (byte ", bad, ")");
+  if (bad != std::string_view::npos) throw_error(StatusCode::kFormatError, where, ": not valid UTF-8 (byte ", bad, ")");
   const auto nul = find_nul(text);
-  if (nul != std::string::npos) throw_error(StatusCode::kFormatError, where, ": not valid JSON: a NUL byte at offset ", nul);
+  if (nul != std::string_view::npos) throw_error(StatusCode::kFormatError, where, ": not valid JSON: a NUL byte at offset ", nul);
   try {
     return Json::parse(text);
   } catch (const Json::exception& e) {

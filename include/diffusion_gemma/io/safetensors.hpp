@@ -22,6 +22,7 @@
 
 #include <diffusion_gemma/core/status.hpp>
 #include <diffusion_gemma/core/tensor_view.hpp>
+#include <diffusion_gemma/io/json_file.hpp>
 #include <diffusion_gemma/io/mapped_file.hpp>
 #include <diffusion_gemma/io/utf8.hpp>
 
@@ -56,9 +57,10 @@ inline std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view h
     throw_error(StatusCode::kFormatError, where, ": safetensors header is not valid UTF-8 (byte ", bad,
                 " of the header)");
   }
-  if (header.find('\0') != std::string_view::npos) {
-    throw_error(StatusCode::kFormatError, where, ": safetensors header is not valid JSON: a NUL byte at offset ",
-                header.find('\0'), " of the header");
+  const std::size_t nul = find_nul(header);
+  if (nul != std::string_view::npos) {
+    throw_error(StatusCode::kFormatError, where, ": safetensors header is not valid JSON: a NUL byte at offset ", nul,
+                " of the header");
   }
   std::set<std::string> seen;
   std::string duplicate;
@@ -273,15 +275,7 @@ class Checkpoint {
     using nlohmann::json;
     MappedFile f(index_path);
     const std::string_view text(reinterpret_cast<const char*>(f.data()), f.size());
-    json root;
-    if (text.find('\0') != std::string_view::npos) {
-      throw_error(StatusCode::kFormatError, index_path, ": not valid JSON: a NUL byte at offset ", text.find('\0'));
-    }
-    try {
-      root = json::parse(text);
-    } catch (const json::exception& e) {
-      throw_error(StatusCode::kFormatError, index_path, ": not valid JSON: ", e.what());
-    }
+    const json root = parse_json_text(text, index_path);
     if (!root.is_object() || !root.contains("weight_map") || !root["weight_map"].is_object()) {
       throw_error(StatusCode::kFormatError, index_path, ": needs an object 'weight_map'");
     }
