@@ -26,20 +26,32 @@ enum class QuantMethod { kNone, kCompressedTensors, kGptq };
 
 // A module target or ignore entry: an exact name, a class name, or "re:" and a regular expression
 // (compiled once). A config.json may come from anywhere, so a pattern is at most 512 characters
-// with no counted repetition ({n}: none of the published configs uses one), which keeps the
-// compiled automaton linear in the pattern; libstdc++ matches it without backtracking.
+// with no counted repetition ({n}) and no backslash-digit escape (a backreference); none of the
+// published configs uses either. That keeps the compiled automaton linear in the pattern, so
+// libstdc++ matches it without backtracking, and keeps digit runs away from libstdc++'s parser,
+// which accumulates them in a `long` that overflows (undefined behaviour) before it can refuse.
 struct ModulePattern {
   static constexpr std::size_t kMaxLength = 512;
   std::string text;
   std::shared_ptr<const std::regex> re;
 
+  // Why a regular expression (without its "re:") is outside these bounds, or nullptr.
+  static const char* out_of_bounds(const std::string& body) {
+    if (body.size() > kMaxLength) return "is longer than 512 characters";
+    if (body.find('{') != std::string::npos) return "has a {n} repetition";
+    for (std::size_t i = 0; i + 1 < body.size(); ++i) {
+      if (body[i] != '\\') continue;
+      if (body[i + 1] >= '0' && body[i + 1] <= '9') return "has a backreference (backslash and digit)";
+      ++i;  // the escaped character is literal, even a backslash
+    }
+    return nullptr;
+  }
+
   // Throws std::regex_error for a pattern it will not compile.
   explicit ModulePattern(std::string t) : text(std::move(t)) {
     if (text.compare(0, 3, "re:") != 0) return;
     const std::string body = text.substr(3);
-    if (body.size() > kMaxLength || body.find('{') != std::string::npos) {
-      throw std::regex_error(std::regex_constants::error_complexity);
-    }
+    if (out_of_bounds(body)) throw std::regex_error(std::regex_constants::error_complexity);
     re = std::make_shared<const std::regex>(body, std::regex::ECMAScript | kLinearTime);
   }
   bool matches(const std::string& name, const std::string& cls) const {
@@ -136,11 +148,19 @@ inline std::vector<ModulePattern> pattern_list(const JsonObject& o, const std::s
   if (!v.is_array()) o.fail(key, "expected a list of strings, got ", JsonObject::type_of(v));
   for (const Json& s : v) {
     if (!s.is_string()) o.fail(key, "expected a list of strings, found ", JsonObject::type_of(s));
+    const std::string& text = s.get_ref<const std::string&>();
+    if (text.compare(0, 3, "re:") == 0) {
+      if (const char* why = ModulePattern::out_of_bounds(text.substr(3))) {
+        const std::string shown = text.size() > 80 ? text.substr(0, 80) + "..." : text;
+        o.fail(key, "pattern '", shown, "' ", why, ", which this library does not match (a config.json may come "
+               "from anywhere; these bounds keep matching linear in the pattern)");
+      }
+    }
     try {
       out.emplace_back(s.get<std::string>());
     } catch (const std::regex_error& e) {
       o.fail(key, "pattern '", s.get<std::string>(), "' is not a regular expression this library compiles (", e.what(),
-             "; at most ", ModulePattern::kMaxLength, " characters, no {n} repetitions)");
+             ")");
     }
   }
   return out;
