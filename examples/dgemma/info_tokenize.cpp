@@ -79,7 +79,8 @@ std::string human_count(double n) {
 int cmd_info(const std::vector<std::string>& args) {
   Flags f("info",
           "Summarises a checkpoint: config, parameter counts, the CPU kernels this machine runs, and the\n"
-          "memory a generation needs. config.json alone is enough (weight files are optional).",
+          "memory a generation needs. config.json alone is enough (weight files are optional). Exits 1\n"
+          "when weight files are present but do not match config.json (the summary is printed first).",
           {{"model", "DIR", "checkpoint directory (default: the bundled model)"},
            {"prompt-tokens", "N", "prompt length for the memory estimate (default 1024)"},
            {"max-new-tokens", "N", "new tokens for the memory estimate (default: generation_config.json)"},
@@ -172,7 +173,7 @@ int cmd_info(const std::vector<std::string>& args) {
                                 {"kv_cache_bytes_per_1k_tokens_bf16", kv_bf16},
                                 {"kv_cache_bytes_per_1k_tokens_cpu_fp32", kv_cpu}};
     std::cout << j.dump(1) << "\n";
-    return 0;
+    return bind_error.empty() ? 0 : 1;
   }
   std::printf("model            %s (%s)\n", dir.c_str(), c.is_diffusion() ? "DiffusionGemma" : "Gemma 4 text");
   std::printf("layers           %d (%d sliding, window %d; %d full)\n", c.num_layers(), sliding, c.sliding_window, full);
@@ -205,6 +206,11 @@ int cmd_info(const std::vector<std::string>& args) {
   std::printf("cpu              %s\n", cpu.brand.empty() ? "(unknown)" : cpu.brand.c_str());
   std::printf("cpu flags        %s\n", cpu.flags().c_str());
   std::printf("cpu kernels      %s%s\n", kc.path().c_str(), std::getenv("DG_CPU_ISA") ? " (DG_CPU_ISA)" : "");
+  // The summary is still useful for a checkpoint that does not load, but a script must see that.
+  if (!bind_error.empty()) {
+    std::fprintf(stderr, "dgemma info: error: the weights do not match config.json (see 'weights error' above)\n");
+    return 1;
+  }
   return 0;
 }
 

@@ -118,6 +118,19 @@ execute_process(COMMAND ${DGEMMA} info --model ${FIXTURES}/dg_small OUTPUT_VARIA
 if(NOT rc EQUAL 0 OR NOT out MATCHES "cpu kernels +[a-z0-9]+, (fast|exact)" OR NOT out MATCHES "used in place")
   message(FATAL_ERROR "dgemma info: '${out}'")
 endif()
+# Weights that do not match config.json: the summary is printed, the error named, and the exit is 1.
+set(mismatched ${CMAKE_CURRENT_BINARY_DIR}/mismatched)
+file(REMOVE_RECURSE ${mismatched})
+file(MAKE_DIRECTORY ${mismatched})
+file(COPY_FILE ${FIXTURES}/dg_wide/config.json ${mismatched}/config.json)
+file(CREATE_LINK ${FIXTURES}/dg_small/model.safetensors ${mismatched}/model.safetensors SYMBOLIC)
+foreach(json "" "--json")
+  execute_process(COMMAND ${DGEMMA} info --model ${mismatched} ${json} OUTPUT_VARIABLE out ERROR_VARIABLE err
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 1 OR NOT out MATCHES "weights error|bind_error\": \"[^\"]" OR NOT out MATCHES "model.safetensors|shape")
+    message(FATAL_ERROR "dgemma info ${json} on mismatched weights: exit ${rc}, '${out}' '${err}'")
+  endif()
+endforeach()
 execute_process(COMMAND ${DGEMMA} generate --model ${FIXTURES}/dg_small --prompt-ids 2,5 --precision medium
                 ERROR_VARIABLE err RESULT_VARIABLE rc)
 if(NOT rc EQUAL 2 OR NOT err MATCHES "--precision must be exact or fast")

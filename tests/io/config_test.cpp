@@ -217,6 +217,11 @@ TEST_CASE("config errors name the key at fault", "[io][config]") {
     j["bos_token_id"] = 100000;
     CHECK_THAT(error_of(j), Contains("bos_token_id 100000 is outside the vocabulary"));
   }
+  SECTION("an eos id outside the vocabulary") {
+    j["text_config"]["eos_token_id"] = Json::array({1, 100000});
+    j["eos_token_id"] = Json::array({1, 100000});
+    CHECK_THAT(error_of(j), Contains("eos_token_id 100000 is outside the vocabulary"));
+  }
   SECTION("an integer past int64") {
     j["text_config"]["hidden_size"] = Json(std::numeric_limits<std::uint64_t>::max());
     CHECK_THAT(error_of(j), Contains("text_config.hidden_size") && Contains("18446744073709551615 is out of range"));
@@ -243,6 +248,13 @@ TEST_CASE("generation_config.json: values, nulls fall back to the reference defa
   CHECK_THROWS_WITH(io::parse_generation_config(steps, "g.json"), Contains("max_denoising_steps must be in [1, 1048576]"));
   const Json sampler = Json::parse(R"({"sampler_config": {"_cls_name": "TopKSampler"}})");
   CHECK_THROWS_WITH(io::parse_generation_config(sampler, "g.json"), Contains("TopKSampler"));
+  // PAD and stop ids are checked against the model's vocabulary when both files are known
+  // (io::load_checkpoint): PAD is embedded after a stop id.
+  const GenerationConfig pad = io::parse_generation_config(Json::parse(R"({"pad_token_id": 300})"), "g.json");
+  CHECK_NOTHROW(pad.validate_token_ids(301));
+  CHECK_THROWS_WITH(pad.validate_token_ids(300), Contains("g.json: pad_token_id 300 is outside the vocabulary (vocab_size 300)"));
+  const GenerationConfig eos = io::parse_generation_config(Json::parse(R"({"eos_token_id": [1, -4]})"), "g.json");
+  CHECK_THROWS_WITH(eos.validate_token_ids(300), Contains("eos_token_id -4 is outside the vocabulary"));
   // Defaults when there is no key at all: the released checkpoint's stop set.
   const GenerationConfig d = io::parse_generation_config(Json::object(), "g.json");
   CHECK(d.stop_token_ids == std::vector<int>{1, 106, 50});

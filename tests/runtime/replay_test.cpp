@@ -119,3 +119,31 @@ TEST_CASE("non-finite activations stop a generation with a message, not with arb
                           Catch::Matchers::Contains("--check-weights"));
   }
 }
+
+TEST_CASE("token ids outside the vocabulary are refused before anything reads the embedding table", "[runtime]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  const std::int32_t V = static_cast<std::int32_t>(model->config().vocab_size);
+  using D = Decoder<cpu::Engine<DiffusionGemmaBackbone>>;
+  cpu::EngineOptions eo;
+  eo.threads = 1;
+  D decoder(model, eo);
+  auto o = D::default_options(model->generation_config());
+  o.scheduler.max_new_tokens = 8;
+  CHECK_THROWS_WITH(decoder.generate({2, V}, o), Catch::Matchers::Contains("prompt: token id " + std::to_string(V) +
+                                                                           " at position 1 is outside the vocabulary"));
+  CHECK_THROWS_WITH(decoder.generate({-1, 2}, o), Catch::Matchers::Contains("token id -1 at position 0"));
+  // PAD fills a canvas after its stop id and is committed with it.
+  auto bad_pad = o;
+  bad_pad.scheduler.pad_token_id = V;
+  CHECK_THROWS_WITH(decoder.generate({2, 5}, bad_pad), Catch::Matchers::Contains("pad_token_id " + std::to_string(V)));
+  // The engine itself, for callers that drive it directly.
+  cpu::Engine<DiffusionGemmaBackbone> engine(model, eo);
+  auto cache = engine.make_cache(4);
+  const std::vector<std::int32_t> ids{2, 5, V + 1000};
+  CHECK_THROWS_WITH(engine.encode(ids.data(), 3, cache), Catch::Matchers::Contains("encoder input: token id " + std::to_string(V + 1000)));
+  // A generation_config.json from another model is refused at load, naming the file.
+  const dg_test::EditedCheckpoint e("pad_outside_vocab", {}, {}, {});
+  std::ofstream(e.dir + "/generation_config.json") << R"({"eos_token_id": [1], "pad_token_id": 262143})";
+  CHECK_THROWS_WITH(cpu::Model::load(e.dir), Catch::Matchers::Contains("generation_config.json: pad_token_id 262143 is "
+                                                                       "outside the vocabulary"));
+}

@@ -41,9 +41,9 @@ json generate_json(const std::vector<std::string>& args) {
   return json::parse(out);
 }
 
-// Sends `request` as raw bytes over a new loopback connection and returns what arrives first
-// (within `seconds`; empty if nothing does): for requests no HTTP client library would send.
-std::string first_bytes(int port, const std::string& request, int seconds = 3) {
+// Sends `request` as raw bytes over a new loopback connection and returns the first response
+// (what arrived within `seconds`; empty if nothing did): for requests no HTTP client library would send.
+std::string raw_response(int port, const std::string& request, int seconds = 3) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -52,11 +52,22 @@ std::string first_bytes(int port, const std::string& request, int seconds = 3) {
   std::string out;
   if (fd >= 0 && ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 &&
       ::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, seconds * 1000) > 0) {
+    // The head and the body may come in separate segments: read until the body announced by
+    // Content-Length is complete, the server closes, or the time is up.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd p{fd, POLLIN, 0};
+      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
       char buf[4096];
       const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n > 0) out.assign(buf, static_cast<std::size_t>(n));
+      if (n <= 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+      const std::size_t head_end = out.find("\r\n\r\n");
+      if (head_end == std::string::npos) continue;
+      const std::size_t cl = out.find("Content-Length: ");
+      const std::size_t body = cl < head_end ? std::stoul(out.substr(cl + 16)) : 0;
+      if (out.size() >= head_end + 4 + body) break;
     }
   }
   if (fd >= 0) ::close(fd);
@@ -239,11 +250,11 @@ void contract(int port) {
   {
     // A Content-Length that is no byte count is refused at once; a body announced over the limit
     // with Expect: 100-continue is refused before it is sent.
-    const std::string bad_length = first_bytes(
+    const std::string bad_length = raw_response(
         port, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n");
     CHECK(bad_length.rfind("HTTP/1.1 400", 0) == 0 && bad_length.find("bad_request") != std::string::npos,
           "Content-Length -5: '" + bad_length + "'");
-    const std::string expect = first_bytes(port,
+    const std::string expect = raw_response(port,
                                            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
                                            "Content-Type: application/json\r\nContent-Length: 2000000\r\n\r\n");
     CHECK(expect.rfind("HTTP/1.1 413", 0) == 0, "Expect: 100-continue over the limit: '" + expect + "'");

@@ -120,6 +120,9 @@ struct ModelConfig {
     if (bos_token_id < 0 || bos_token_id >= vocab_size) {
       fail("bos_token_id ", bos_token_id, " is outside the vocabulary (vocab_size ", vocab_size, ")");
     }
+    for (const int id : eos_token_ids) {
+      if (id < 0 || id >= vocab_size) fail("eos_token_id ", id, " is outside the vocabulary (vocab_size ", vocab_size, ")");
+    }
   }
 };
 
@@ -152,6 +155,20 @@ struct GenerationConfig {
     if (!(t_max > t_min)) fail("t_max must be > t_min (got t_min ", t_min, ", t_max ", t_max, ")");
     if (stability_threshold < 0) fail("stability_threshold must be >= 0 (got ", stability_threshold, ")");
     if (!(confidence_threshold > 0.0)) fail("confidence_threshold must be > 0 (got ", confidence_threshold, ")");
+  }
+
+  // The ids must be tokens of the model this configuration is used with: PAD fills a canvas after
+  // a stop id and is then embedded, and a stop id outside the vocabulary could never end a
+  // generation (a sign of a generation_config.json from another model).
+  void validate_token_ids(std::int64_t vocab_size) const {
+    const auto fail = [&](const char* key, int id) {
+      throw_error(StatusCode::kInvalidArgument, source, ": ", key, " ", id, " is outside the vocabulary (vocab_size ",
+                  vocab_size, ")");
+    };
+    if (pad_token_id < 0 || pad_token_id >= vocab_size) fail("pad_token_id", pad_token_id);
+    for (const int id : stop_token_ids) {
+      if (id < 0 || id >= vocab_size) fail("eos_token_id", id);
+    }
   }
 };
 

@@ -12,6 +12,7 @@
 
 #include <diffusion_gemma/core/status.hpp>
 #include <diffusion_gemma/model/config.hpp>
+#include <diffusion_gemma/model/input_checks.hpp>
 #include <diffusion_gemma/runtime/engine_traits.hpp>
 #include <diffusion_gemma/runtime/trace.hpp>
 #include <diffusion_gemma/sampler/vocab_stats.hpp>
@@ -44,6 +45,7 @@ class AutoregressiveDecoder {
     const std::int64_t P = static_cast<std::int64_t>(prompt.size());
     if (o.max_new_tokens <= 0) throw_error(StatusCode::kInvalidArgument, "max new tokens must be positive");
     if (P <= 0) throw_error(StatusCode::kInvalidArgument, "the prompt is empty");
+    check_token_ids(cfg, prompt.data(), P, "prompt");
     if (P + o.max_new_tokens > cfg.max_position_embeddings) {
       throw_error(StatusCode::kOutOfRange, "prompt ", P, " + ", o.max_new_tokens, " new tokens exceed max_position_embeddings ",
                   cfg.max_position_embeddings);

@@ -22,7 +22,6 @@
 #include <vector>
 
 #include <diffusion_gemma/core/status.hpp>
-#include <diffusion_gemma/model/input_checks.hpp>
 #include <diffusion_gemma/runtime/engine_traits.hpp>
 #include <diffusion_gemma/runtime/sequence.hpp>
 #include <diffusion_gemma/sampler/sampler.hpp>
@@ -74,7 +73,6 @@ class ContinuousBatcher {
   // Error: kInvalidArgument / kOutOfRange for a request that can never run, kUnavailable when the
   // queue is full.
   RequestId submit(Request r) {
-    check_token_ids(engine_.config(), r.prompt.data(), static_cast<std::int64_t>(r.prompt.size()), "prompt");
     auto seq = std::make_unique<Seq>(engine_, std::move(r.prompt), r.options, std::move(r.callbacks));
     if (limits_.memory_budget_bytes > 0 && seq->bytes() > limits_.memory_budget_bytes) {
       throw_error(StatusCode::kOutOfRange, "the request needs ", static_cast<double>(seq->bytes()) / (1 << 20),

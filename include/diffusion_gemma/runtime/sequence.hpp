@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <diffusion_gemma/core/status.hpp>
+#include <diffusion_gemma/model/input_checks.hpp>
 #include <diffusion_gemma/runtime/trace.hpp>
 #include <diffusion_gemma/sampler/batch_items.hpp>
 #include <diffusion_gemma/sampler/sampler.hpp>
@@ -103,7 +104,7 @@ class Sequence {
   using Plan = typename Scheduler::Plan;
   enum class Work { kEncode, kDenoise, kDone };
 
-  // Plans the request (throws on bad options, positions or budget); allocates nothing.
+  // Plans the request (throws on bad options, token ids, positions or budget); allocates nothing.
   Sequence(const Engine& engine, std::vector<std::int32_t> prompt, const Options& o, Callbacks cb = {})
       : cfg_(&engine.config()),
         prompt_(std::move(prompt)),
@@ -111,7 +112,9 @@ class Sequence {
         callbacks_(std::move(cb)),
         plan_(plan_request<Sampler, Scheduler>(engine, static_cast<std::int64_t>(prompt_.size()), o)),
         rng_(o.sampler.rng),
-        bytes_(request_bytes_of<Scheduler>(engine, plan_, static_cast<std::int64_t>(prompt_.size()))) {}
+        bytes_(request_bytes_of<Scheduler>(engine, plan_, static_cast<std::int64_t>(prompt_.size()))) {
+    check_token_ids(*cfg_, prompt_.data(), static_cast<std::int64_t>(prompt_.size()), "prompt");
+  }
 
   const Plan& plan() const { return plan_; }
   const Options& options() const { return options_; }

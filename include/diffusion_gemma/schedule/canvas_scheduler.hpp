@@ -58,6 +58,11 @@ class CanvasScheduler {
   static Plan plan(const Arguments& a, const ModelConfig& cfg, std::int64_t prompt_length) {
     throw_if_error(can_implement(a));
     if (prompt_length <= 0) throw_error(StatusCode::kInvalidArgument, "the prompt is empty");
+    if (a.pad_token_id < 0 || a.pad_token_id >= cfg.vocab_size) {
+      // PAD fills a canvas after its stop id and is then committed, so it is embedded.
+      throw_error(StatusCode::kInvalidArgument, "pad_token_id ", a.pad_token_id, " is outside the vocabulary [0, ",
+                  cfg.vocab_size, ")");
+    }
     Plan p;
     p.prompt_length = prompt_length;
     std::int64_t tokens = 0, end = prompt_length;
