@@ -168,6 +168,13 @@ TEST_CASE("safetensors rejects malformed files with a message naming the file an
                              8);
     CHECK_THAT(error_of(p), Contains("'w' appears twice"));
   }
+  SECTION("a field given twice in one entry") {
+    const auto p = make_file("dupfield.safetensors",
+                             R"({"__metadata__":{"format":"pt"},"v":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                             R"("w":{"dtype":"F32","shape":[1],"dtype":"BF16","data_offsets":[4,8]}})",
+                             8);
+    CHECK_THAT(error_of(p), Contains("tensor 'w's field 'dtype' appears twice"));
+  }
   SECTION("missing data_offsets") {
     const auto p = make_file("nooff.safetensors", R"({"w":{"dtype":"F32","shape":[1]}})", 4);
     CHECK_THAT(error_of(p), Contains("data_offsets"));

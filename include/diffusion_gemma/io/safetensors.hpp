@@ -62,14 +62,21 @@ inline std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view h
     throw_error(StatusCode::kFormatError, where, ": safetensors header is not valid JSON: a NUL byte at offset ", nul,
                 " of the header");
   }
-  std::set<std::string> seen;
-  std::string duplicate;
+  // JSON parsers keep the last of duplicate keys, so a name or a field given twice would pick one
+  // of two meanings silently (safetensors' own reader refuses a field given twice).
+  std::set<std::string> seen, fields;
+  std::string tensor, duplicate, duplicate_field;
   json root;
   try {
     root = json::parse(header, [&](int depth, json::parse_event_t event, json& parsed) {
-      if (depth == 1 && event == json::parse_event_t::key) {
-        const auto key = parsed.get<std::string>();
+      if (event != json::parse_event_t::key) return true;
+      const auto key = parsed.get<std::string>();
+      if (depth == 1) {
+        tensor = key;
+        fields.clear();
         if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
+      } else if (depth == 2 && tensor != "__metadata__" && !fields.insert(key).second && duplicate_field.empty()) {
+        duplicate_field = tensor + "'s field '" + key;
       }
       return true;
     });
@@ -78,6 +85,9 @@ inline std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view h
   }
   if (!duplicate.empty()) {
     throw_error(StatusCode::kFormatError, where, ": tensor '", duplicate, "' appears twice in the header");
+  }
+  if (!duplicate_field.empty()) {
+    throw_error(StatusCode::kFormatError, where, ": tensor '", duplicate_field, "' appears twice in the header");
   }
   if (!root.is_object()) {
     throw_error(StatusCode::kFormatError, where, ": safetensors header must be a JSON object");
