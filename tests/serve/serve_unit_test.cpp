@@ -6,8 +6,11 @@
 #include <string>
 #include <vector>
 
+#include <diffusion_gemma/io/tokenizer.hpp>
+
 #include "serve/api.hpp"
 #include "serve/text_stream.hpp"
+#include "support/paths.hpp"
 
 using namespace dgemma::serve;
 
@@ -92,6 +95,34 @@ TEST_CASE("serve: a UTF-8 character split across canvases is held back, never se
     CHECK(out == text);
     CHECK(reason == "stop");
     for (const auto& d : deltas) CHECK(d.find("\xEF\xBF\xBD") == std::string::npos);
+  }
+}
+
+TEST_CASE("serve: a run of byte tokens is held back until it ends: the answer does not depend on the canvases",
+          "[serve]") {
+  // A fuzzer finding: "\t" then 0xFF decode, as one run, to two U+FFFD, the tab included; a stream
+  // that had sent the tab could not take it back, and its answer differed from the whole decode.
+  const auto tok = diffusion_gemma::io::Tokenizer::from_file(dg_test::fixture("tokenizers/gemma_bpe_1000.json"));
+  const std::int32_t tab = tok.token_id("<0x09>"), ff = tok.token_id("<0xFF>"), e1 = tok.token_id("<0xC3>"),
+                     e2 = tok.token_id("<0xA9>"), a = tok.token_id("a"), special = tok.token_id("<eos>");
+  const auto decode = [&](const std::vector<std::int32_t>& ids) { return tok.decode(std::vector<int>(ids.begin(), ids.end())); };
+  const auto pending = [&](std::int32_t id) { return tok.decodes_with_next(id); };
+  CHECK(pending(tab));
+  CHECK(pending(special));  // skipped in decoding, so it does not end a run
+  CHECK_FALSE(pending(a));
+  for (const std::vector<std::int32_t>& ids : {std::vector<std::int32_t>{a, tab, ff, a, a},
+                                               std::vector<std::int32_t>{tab, special, ff, a},
+                                               std::vector<std::int32_t>{a, e1, e2, tab, a, tab}}) {
+    const std::string whole = decode(ids);
+    for (int canvas = 1; canvas <= 3; ++canvas) {
+      TextAssembler s(decode, {}, 100, pending);
+      std::string out;
+      for (std::size_t at = 0; at < ids.size(); at += static_cast<std::size_t>(canvas)) {
+        const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(canvas), ids.size() - at));
+        out += s.add(ids.data() + at, n, false, at + static_cast<std::size_t>(n) >= ids.size()).text;
+      }
+      CHECK(out == whole);
+    }
   }
 }
 

@@ -385,7 +385,7 @@ class Server {
       const auto s = batcher_.stats();
       json j{{"status", draining_ ? "draining" : "ok"}, {"model", api_.model_id}, {"queued", s.queued}, {"active", s.active}};
       res.status = draining_ ? 503 : 200;
-      res.set_content(j.dump(), "application/json");
+      res.set_content(serve::dump_json(j), "application/json");
     });
     http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       const auto s = batcher_.stats();
@@ -576,8 +576,9 @@ class Server {
       }
       Options o = options_for(job->request, job->prompt_tokens);
       job->channel = std::make_shared<serve::Channel>();
-      job->text = std::make_unique<serve::TextAssembler>([this](const std::vector<std::int32_t>& ids) { return decode(ids); },
-                                                         job->request.stop, job->request.max_tokens);
+      job->text = std::make_unique<serve::TextAssembler>(
+          [this](const std::vector<std::int32_t>& ids) { return decode(ids); }, job->request.stop, job->request.max_tokens,
+          [this](std::int32_t id) { return tok_->has_id(id) && tok_->decodes_with_next(id); });
       const std::uint64_t n = ++request_counter_;
       job->shape = std::make_unique<serve::ResponseShape>(
           chat, (chat ? "chatcmpl-" : "cmpl-") + id_prefix_ + "-" + std::to_string(n), static_cast<std::int64_t>(std::time(nullptr)),

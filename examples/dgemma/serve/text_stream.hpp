@@ -6,8 +6,12 @@
 //     sequence until the last canvas: that tail is held back and sent once the next canvas completes it;
 //   * stop sequences apply to the text, and may also straddle canvases: a tail that could be the
 //     start of a stop sequence is held back too, and text from the first match on is never sent;
+//   * byte-fallback tokens decode in runs, and a run that turns out not to be UTF-8 becomes one
+//     U+FFFD per byte, the bytes already decoded included: the text of a trailing run (which the
+//     caller's `pending` predicate picks out) is held back until a token ends the run;
 //   * max_tokens is a hard limit although canvases are whole: tokens past it are dropped.
-// The concatenated deltas equal the text of the non-streamed answer.
+// The concatenated deltas equal the text of the non-streamed answer, and neither depends on how
+// the tokens were split into canvases.
 #pragma once
 
 #include <algorithm>
@@ -55,6 +59,8 @@ inline std::size_t stop_prefix_tail(const std::string& text, const std::vector<s
 class TextAssembler {
  public:
   using Decode = std::function<std::string(const std::vector<std::int32_t>&)>;
+  // Whether a token's text may still change with the tokens after it (Tokenizer::decodes_with_next).
+  using Pending = std::function<bool(std::int32_t)>;
 
   struct Delta {
     std::string text;            // to send now (may be empty)
@@ -62,8 +68,8 @@ class TextAssembler {
     const char* finish_reason = nullptr;  // "stop" or "length" when finished
   };
 
-  TextAssembler(Decode decode, std::vector<std::string> stops, int max_tokens)
-      : decode_(std::move(decode)), stops_(std::move(stops)), max_tokens_(max_tokens) {}
+  TextAssembler(Decode decode, std::vector<std::string> stops, int max_tokens, Pending pending = {})
+      : decode_(std::move(decode)), stops_(std::move(stops)), max_tokens_(max_tokens), pending_(std::move(pending)) {}
 
   // One committed canvas: its valid tokens (up to and including a stop id), whether it ended on a
   // stop id, and whether it is the request's last.
@@ -83,7 +89,14 @@ class TextAssembler {
     }
     tokens_.insert(tokens_.end(), tokens, tokens + keep);
     const bool ended_on_stop_id = stop_token && keep == valid;
-    const std::string text = decode_(tokens_);
+    // Until the last canvas, decisions rest on the text that later tokens cannot change.
+    std::size_t settled = tokens_.size();
+    if (!last && pending_) {
+      while (settled > 0 && pending_(tokens_[settled - 1])) --settled;
+    }
+    const std::string text = settled == tokens_.size()
+                                 ? decode_(tokens_)
+                                 : decode_(std::vector<std::int32_t>(tokens_.begin(), tokens_.begin() + settled));
     // A decoder that rewrote already-sent text cannot be taken back: wait until it agrees again.
     const bool prefix_ok = text.compare(0, sent_.size(), sent_) == 0;
 
@@ -122,6 +135,7 @@ class TextAssembler {
   Decode decode_;
   std::vector<std::string> stops_;
   int max_tokens_;
+  Pending pending_;
   std::vector<std::int32_t> tokens_;
   std::string sent_;
   bool finished_ = false;

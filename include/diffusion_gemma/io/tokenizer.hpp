@@ -209,6 +209,16 @@ class Tokenizer {
     const int a = added_index_by_id_[std::size_t(id)];
     return a >= 0 ? added_[std::size_t(a)].content : *model_.id_to_token(id);
   }
+  // Whether the text of `id` can still change with the tokens decoded after it: a byte-fallback
+  // piece ("<0xNN>") decodes together with the byte pieces next to it (a run that is not valid
+  // UTF-8 becomes one U+FFFD per byte, earlier bytes included), and a token skipped in decoding
+  // does not end such a run. A stream holds back the text of a trailing run of these.
+  bool decodes_with_next(int id) const {
+    if (is_special(id)) return true;
+    if (added_index_by_id_[std::size_t(id)] >= 0) return false;
+    const std::string* piece = model_.id_to_token(id);
+    return piece != nullptr && piece->size() == 6 && piece->compare(0, 3, "<0x") == 0 && (*piece)[5] == '>';
+  }
   bool is_special(int id) const {
     check_id(id);
     return skip_[std::size_t(id)] != 0;
