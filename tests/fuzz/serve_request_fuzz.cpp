@@ -70,8 +70,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       std::vector<diffusion_gemma::io::ChatMessage> messages;
       for (const auto& m : r.messages) messages.push_back({m.role, m.content});
       (void)diffusion_gemma::io::encode_chat(tokenizer(), messages);
-    } else if (!r.prompt_is_ids) {
-      (void)tokenizer().encode(r.prompt);
+    } else {
+      for (const auto& p : r.prompts) {
+        if (!p.is_ids) (void)tokenizer().encode(p.text);
+      }
     }
   } catch (const diffusion_gemma::Error&) {
   }

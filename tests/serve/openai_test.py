@@ -37,6 +37,15 @@ class OpenAIClient(unittest.TestCase):
         self.assertEqual(r.usage.completion_tokens, 20)
         self.assertTrue(r.choices[0].text)
 
+    def test_completion_list_of_prompts(self):
+        prompts = ["Sort ascending: 93 44 60 89 20", "Reverse: abc", [2, 17, 5, 9]]
+        r = self.client.completions.create(model=MODEL, prompt=prompts, max_tokens=16, seed=4)
+        self.assertEqual([c.index for c in r.choices], [0, 1, 2])
+        for i, p in enumerate(prompts):
+            alone = self.client.completions.create(model=MODEL, prompt=p, max_tokens=16, seed=4)
+            self.assertEqual(r.choices[i].text, alone.choices[0].text)
+            self.assertEqual(r.choices[i].finish_reason, alone.choices[0].finish_reason)
+
     def test_stream_equals_whole(self):
         whole = self.chat("Reverse: cat, moon, ship, blue", seed=11).choices[0].message.content
         chunks = list(self.chat("Reverse: cat, moon, ship, blue", seed=11, stream=True,

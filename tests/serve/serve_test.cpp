@@ -175,6 +175,61 @@ void contract(int port) {
   CHECK(json::parse(sw.body)["choices"][0]["finish_reason"] == "stop", sw.body);
   CHECK(stream_text(ss) == stopped && stream_finish(ss) == "stop", ss.body);
 
+  // A list of prompts (vLLM's and lm-evaluation-harness's batches): one choice per prompt, in order,
+  // each the answer that prompt gets alone with the same seed (they run as separate sequences of
+  // one batch, and our answers do not depend on the batch); stop and max_tokens apply to each.
+  {
+    const std::vector<std::string> prompts = {R"("Sort ascending: 93 44 60 89 20")", R"("Reverse: abc")", "[2, 17, 5, 9]",
+                                              R"("Add: 417 + 385")"};
+    std::string list;
+    std::vector<std::string> alone;
+    int prompt_tokens = 0, completion_tokens = 0;
+    for (const auto& q : prompts) {
+      list += (list.empty() ? "" : ",") + q;
+      const auto one = post(port, "/v1/completions",
+                            R"({"model":")" + kModelId + R"(","prompt":)" + q + R"(,"seed":5,"max_tokens":32,"stop":["zz"]})");
+      CHECK(one.status == 200, one.body);
+      const json j = json::parse(one.body);
+      alone.push_back(j["choices"][0]["text"].get<std::string>() + "|" + j["choices"][0]["finish_reason"].get<std::string>());
+      prompt_tokens += j["usage"]["prompt_tokens"].get<int>();
+      completion_tokens += j["usage"]["completion_tokens"].get<int>();
+    }
+    const std::string body = R"({"model":")" + kModelId + R"(","prompt":[)" + list + R"(],"seed":5,"max_tokens":32,"stop":["zz"])";
+    const auto many = post(port, "/v1/completions", body + "}");
+    CHECK(many.status == 200, many.body);
+    const json m = json::parse(many.body);
+    CHECK(m["choices"].size() == prompts.size(), many.body);
+    for (std::size_t i = 0; i < prompts.size() && i < m["choices"].size(); ++i) {
+      const json& c = m["choices"][i];
+      CHECK(c["index"] == i, many.body);
+      CHECK(c["text"].get<std::string>() + "|" + c["finish_reason"].get<std::string>() == alone[i],
+            "prompt " + std::to_string(i) + " in a list: " + c.dump() + " alone: " + alone[i]);
+    }
+    CHECK(m["usage"]["prompt_tokens"] == prompt_tokens && m["usage"]["completion_tokens"] == completion_tokens, many.body);
+    // Streamed: each chunk names its choice; per choice the pieces add up to its answer, and each
+    // choice finishes once; the usage comes once, at the end.
+    const auto streamed = post(port, "/v1/completions", body + R"(,"stream":true,"stream_options":{"include_usage":true}})");
+    CHECK(streamed.status == 200 && streamed.done, streamed.body);
+    std::vector<std::string> texts(prompts.size());
+    std::vector<int> finishes(prompts.size(), 0);
+    for (const auto& e : streamed.events) {
+      if (!e.contains("choices")) continue;
+      for (const auto& c : e["choices"]) {
+        const std::size_t i = c["index"].get<std::size_t>();
+        if (i >= prompts.size()) continue;
+        texts[i] += c["text"].get<std::string>();
+        if (c["finish_reason"].is_string()) texts[i] += "|" + c["finish_reason"].get<std::string>(), ++finishes[i];
+      }
+    }
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      CHECK(texts[i] == alone[i] && finishes[i] == 1, "streamed prompt " + std::to_string(i) + ": " + texts[i]);
+    }
+    CHECK(stream_usage(streamed)["completion_tokens"] == completion_tokens, streamed.body);
+    // One bad prompt refuses the whole request, naming it; nothing runs.
+    expect_error(post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":["ok", [2, 99999]]})"), 400,
+                 "prompt[1][1]", "invalid_value", "a token id outside the vocabulary in the second prompt");
+  }
+
   // Errors: OpenAI's error JSON, the field at fault named.
   expect_error(post(port, "/v1/chat/completions", "{\"model\": "), 400, "", "invalid_json", "malformed JSON");
   expect_error(post(port, "/v1/chat/completions", "[1,2]"), 400, "", "invalid_json", "not an object");

@@ -210,13 +210,28 @@ TEST_CASE("serve: request checks name the field at fault", "[serve]") {
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"dgemma":{"max_denoising_steps":0}})", &p) ==
         400);
   CHECK(p == "dgemma.max_denoising_steps");
-  CHECK(status_of(R"({"model":"m","prompt":["a","b"]})", &p, false) == 400);
-  CHECK(p == "prompt");
   CHECK(status_of(R"({"model":"m","prompt":[2,-1]})", &p, false) == 400);
   CHECK(p == "prompt[1]");
   const auto ids = parse_completion_request(R"({"model":"m","prompt":[[2,17,5]]})", limits());
-  CHECK(ids.prompt_is_ids);
-  CHECK(ids.prompt_ids == std::vector<std::int64_t>{2, 17, 5});
+  REQUIRE(ids.prompts.size() == 1);
+  CHECK(ids.prompts[0].is_ids);
+  CHECK(ids.prompts[0].ids == std::vector<std::int64_t>{2, 17, 5});
+  // A list of prompts, text and ids mixed: one choice each, in order; each is checked by position.
+  const auto batch = parse_completion_request(R"({"model":"m","prompt":["a", [2,9], "b"]})", limits());
+  REQUIRE(batch.prompts.size() == 3);
+  CHECK((batch.prompts[0].text == "a" && !batch.prompts[0].is_ids && batch.prompts[1].is_ids && batch.prompts[2].text == "b"));
+  CHECK(status_of(R"({"model":"m","prompt":["a",""]})", &p, false) == 400);
+  CHECK(p == "prompt[1]");
+  CHECK(status_of(R"({"model":"m","prompt":["a",[2,-3]]})", &p, false) == 400);
+  CHECK(p == "prompt[1][1]");
+  CHECK(status_of(R"({"model":"m","prompt":["a",7]})", &p, false) == 400);
+  CHECK(p == "prompt[1]");
+  CHECK(status_of(R"({"model":"m","prompt":[]})", &p, false) == 400);
+  CHECK(p == "prompt");
+  std::string many = R"({"model":"m","prompt":[)";
+  for (int i = 0; i < 65; ++i) many += std::string(i ? "," : "") + "\"p\"";
+  CHECK(status_of(many + "]}", &p, false) == 400);
+  CHECK(p == "prompt");
   CHECK(status_of(R"({"model":"m","prompt":"x","echo":true})", &p, false) == 400);
   CHECK(p == "echo");
 

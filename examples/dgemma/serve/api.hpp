@@ -61,6 +61,9 @@ struct ApiLimits {
   int max_denoising_steps_limit = 4096;
   std::size_t max_stop_sequences = 4;  // OpenAI's limit
   std::size_t max_stop_length = 256;   // bytes per stop sequence
+  // /v1/completions takes a list of prompts (as vLLM and lm-evaluation-harness send batches), each
+  // answered as one choice and run as its own sequence in the batch.
+  std::size_t max_prompts = 64;
   // --strict: refuse unknown fields and sampling values this server cannot honour, as OpenAI's own
   // API does, instead of accepting them and naming them in the X-Dgemma-Ignored header.
   bool strict = false;
@@ -79,12 +82,17 @@ struct SamplerOverrides {
   std::optional<int> stability_threshold;
 };
 
+// One prompt of /v1/completions: text, or token ids (checked against the vocabulary by the server).
+struct CompletionPrompt {
+  std::string text;
+  std::vector<std::int64_t> ids;
+  bool is_ids = false;
+};
+
 struct GenerationRequest {
   bool chat = true;
-  std::vector<Message> messages;  // chat
-  std::string prompt;             // completions, as text
-  std::vector<std::int64_t> prompt_ids;  // completions, as token ids (checked against the vocabulary by the server)
-  bool prompt_is_ids = false;
+  std::vector<Message> messages;         // chat
+  std::vector<CompletionPrompt> prompts;  // completions: one choice each, in order
   int max_tokens = 0;
   bool max_tokens_given = false;  // false: the checkpoint's default, which the server may shorten to fit the context
   std::uint64_t seed = 0;         // default 0, as `dgemma generate`: the same request gives the same answer
@@ -458,21 +466,31 @@ inline GenerationRequest parse_completion_request(const std::string& body, const
   static const std::set<std::string> own = {"prompt", "best_of", "echo", "suffix"};
   const json j = detail::parse_common(body, limits, own, r);
   if (!j.contains("prompt") || j["prompt"].is_null()) throw ApiError(400, "'prompt' is required", "prompt", "missing_parameter");
-  const json* p = &j["prompt"];
-  // One prompt in a list, as some clients send it: a string, or token ids.
-  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
-  if (p->is_string()) {
-    r.prompt = p->get<std::string>();
-    if (r.prompt.empty()) detail::bad_value("prompt", "must not be empty");
-  } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
-    r.prompt_is_ids = true;
-    for (std::size_t i = 0; i < p->size(); ++i) {
-      r.prompt_ids.push_back(detail::get_int((*p)[i], "prompt[" + std::to_string(i) + "]", 0, INT32_MAX));
+  const json& p = j["prompt"];
+  // OpenAI's four forms: a string, token ids, or a list of either (one choice per prompt).
+  const auto one = [&](const json& v, const std::string& param) {
+    CompletionPrompt c;
+    if (v.is_string()) {
+      c.text = v.get<std::string>();
+      if (c.text.empty()) detail::bad_value(param, "must not be empty");
+    } else if (v.is_array() && !v.empty() && v[0].is_number()) {
+      c.is_ids = true;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        c.ids.push_back(detail::get_int(v[i], param + "[" + std::to_string(i) + "]", 0, INT32_MAX));
+      }
+    } else {
+      detail::bad_type(param, "a string or an array of token ids", v);
     }
-  } else if (p->is_array() && p->size() > 1) {
-    detail::bad_value("prompt", "holds " + std::to_string(p->size()) + " prompts; this server answers one per request");
+    r.prompts.push_back(std::move(c));
+  };
+  if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
+    if (p.size() > limits.max_prompts) {
+      detail::bad_value("prompt", "holds " + std::to_string(p.size()) + " prompts; at most " +
+                                      std::to_string(limits.max_prompts) + " per request");
+    }
+    for (std::size_t i = 0; i < p.size(); ++i) one(p[i], "prompt[" + std::to_string(i) + "]");
   } else {
-    detail::bad_type("prompt", "a string or an array of token ids (one prompt per request)", *p);
+    one(p, "prompt");
   }
   return r;
 }

@@ -20,6 +20,7 @@ namespace dgemma::serve {
 struct Event {
   enum class Kind { kDraft, kCommit, kDone };
   Kind kind = Kind::kDone;
+  std::size_t choice = 0;  // which of the request's sequences (a list of prompts shares one channel)
   int canvas = 0;
   int step = 0;       // draft: 0-based step; commit: steps the canvas took
   int accepted = 0;   // draft: positions that kept their sampled candidate

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,25 +26,35 @@ class ResponseShape {
                 {"total_tokens", prompt_tokens + completion_tokens}};
   }
 
-  // The whole answer of a request without "stream".
-  json answer(const std::string& text, const char* finish_reason, const json& usage) const {
-    json choice{{"index", 0}};
-    if (chat_) {
-      choice["message"] = json{{"role", "assistant"}, {"content", text}};
-    } else {
-      choice["text"] = text;
+  struct Choice {
+    std::string text;
+    const char* finish_reason = nullptr;
+  };
+
+  // The whole answer of a request without "stream": its choices in order (index 0, 1, ...).
+  json answer(const std::vector<Choice>& choices, const json& usage) const {
+    json list = json::array();
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      json choice{{"index", i}};
+      if (chat_) {
+        choice["message"] = json{{"role", "assistant"}, {"content", choices[i].text}};
+      } else {
+        choice["text"] = choices[i].text;
+      }
+      choice["logprobs"] = nullptr;
+      choice["finish_reason"] = choices[i].finish_reason;
+      list.push_back(std::move(choice));
     }
-    choice["logprobs"] = nullptr;
-    choice["finish_reason"] = finish_reason;
     json j = head(chat_ ? "chat.completion" : "text_completion");
-    j["choices"] = json::array({choice});
+    j["choices"] = std::move(list);
     j["usage"] = usage;
     return j;
   }
 
-  // A stream chunk with a text delta. `role` only on a chat stream's first chunk, as OpenAI sends it.
-  json chunk(const std::string& text, const char* finish_reason, bool role = false) const {
-    json choice{{"index", 0}};
+  // A stream chunk with a text delta for choice `index`. `role` only on a chat stream's first
+  // chunk, as OpenAI sends it.
+  json chunk(const std::string& text, const char* finish_reason, bool role = false, std::size_t index = 0) const {
+    json choice{{"index", index}};
     if (chat_) {
       json delta = json::object();
       if (role) delta["role"] = "assistant";
@@ -60,8 +71,8 @@ class ResponseShape {
   }
 
   // A chunk without content: chat's delta is {}, completions' text is "".
-  json empty_chunk() const {
-    json choice{{"index", 0}};
+  json empty_chunk(std::size_t index = 0) const {
+    json choice{{"index", index}};
     if (chat_) {
       choice["delta"] = json::object();
     } else {

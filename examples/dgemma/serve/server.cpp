@@ -461,17 +461,21 @@ class Server {
   // Text of ids; ids the tokenizer does not know show as <ID>.
   std::string decode(const std::vector<std::int32_t>& ids) const { return decode_known(*tok_, ids); }
 
-  std::vector<std::int32_t> prompt_ids(const serve::GenerationRequest& r) const {
+  // The token ids of the request's sequence `choice` (chat: the conversation; completions: prompt
+  // `choice` of the list). `param` names that prompt in errors.
+  std::vector<std::int32_t> prompt_ids(const serve::GenerationRequest& r, std::size_t choice, const std::string& param) const {
     std::vector<int> ids;
-    if (r.prompt_is_ids) {
+    if (!r.chat && r.prompts[choice].is_ids) {
+      const auto& given = r.prompts[choice].ids;
       std::vector<std::int32_t> out;
-      for (std::size_t i = 0; i < r.prompt_ids.size(); ++i) {
-        if (r.prompt_ids[i] >= model_->config().vocab_size) {
-          throw ApiError(400, "'prompt[" + std::to_string(i) + "]' is token id " + std::to_string(r.prompt_ids[i]) +
-                                  ", outside the vocabulary [0, " + std::to_string(model_->config().vocab_size) + ")",
-                         "prompt[" + std::to_string(i) + "]", "invalid_value");
+      for (std::size_t i = 0; i < given.size(); ++i) {
+        const std::string where = param + "[" + std::to_string(i) + "]";
+        if (given[i] >= model_->config().vocab_size) {
+          throw ApiError(400, "'" + where + "' is token id " + std::to_string(given[i]) + ", outside the vocabulary [0, " +
+                                  std::to_string(model_->config().vocab_size) + ")",
+                         where, "invalid_value");
         }
-        out.push_back(static_cast<std::int32_t>(r.prompt_ids[i]));
+        out.push_back(static_cast<std::int32_t>(given[i]));
       }
       return out;  // as given: token ids are the exact prompt, <bos> included or not
     }
@@ -480,7 +484,7 @@ class Server {
       for (const auto& m : r.messages) msgs.push_back({m.role, m.content});
       ids = dg::io::encode_chat(*tok_, msgs, dg::io::ChatOptions{});
     } else {
-      ids = tok_->encode(r.prompt);
+      ids = tok_->encode(r.prompts[choice].text);
       // Raw text starts with <bos> whether or not tokenizer.json's post-processor adds it (as `dgemma generate`).
       if (ids.empty() || ids[0] != model_->config().bos_token_id) ids.insert(ids.begin(), model_->config().bos_token_id);
     }
@@ -496,9 +500,10 @@ class Server {
 
   // The request's options over the checkpoint's, checked the way the batcher will check them, so
   // that each refusal names the request field at fault.
-  Options options_for(const serve::GenerationRequest& r, std::int64_t prompt_length) const {
+  Options options_for(const serve::GenerationRequest& r, int max_tokens, std::int64_t prompt_length,
+                      const std::string& prompt_param) const {
     Options o = defaults_;
-    o.scheduler.max_new_tokens = r.max_tokens;
+    o.scheduler.max_new_tokens = max_tokens;
     o.sampler.rng.seed = r.seed;
     o.memory_budget_bytes = limits_.memory_budget_bytes;
     const auto& s = r.sampler;
@@ -517,7 +522,6 @@ class Server {
     const dg::Status st = Sampler::can_implement(o.sampler);
     if (!st.ok()) throw ApiError(400, "dgemma: " + st.message(), "dgemma", "invalid_value");
     const auto& cfg = model_->config();
-    const char* prompt_param = r.chat ? "messages" : "prompt";
     try {
       (void)Scheduler::plan(o.scheduler, cfg, prompt_length);
     } catch (const dg::Error& e) {
@@ -540,19 +544,37 @@ class Server {
     return ApiError(500, what, "", "internal_error");
   }
 
-  // Everything a request's handler (and, for a stream, its content provider) needs.
-  struct Job {
+  // One sequence of a request: a chat conversation, or one prompt of a completions list.
+  struct Choice {
     Batcher::RequestId id = 0;
-    std::shared_ptr<serve::Channel> channel;
     std::unique_ptr<serve::TextAssembler> text;
+    int prompt_tokens = 0;
+    bool done = false;  // its text is complete (later events of it are ignored)
+  };
+
+  // Everything a request's handler (and, for a stream, its content provider) needs. The choices
+  // share one channel; each event names its choice.
+  struct Job {
+    std::vector<Choice> choices;
+    std::size_t done = 0;
+    std::shared_ptr<serve::Channel> channel;
     std::unique_ptr<serve::ResponseShape> shape;
     serve::GenerationRequest request;
-    int prompt_tokens = 0;
     Clock::time_point arrived;
     bool first_chunk = false;
     bool role_sent = false;
     bool finished = false;
     std::string endpoint;
+
+    serve::ResponseShape::Choice result(std::size_t i, const char* reason) const { return {choices[i].text->text(), reason}; }
+    nlohmann::ordered_json usage() const {
+      int prompt = 0, completion = 0;
+      for (const auto& c : choices) {
+        prompt += c.prompt_tokens;
+        completion += c.text->completion_tokens();
+      }
+      return serve::ResponseShape::usage(prompt, completion);
+    }
   };
 
   void generation(const std::string& body, httplib::Response& res, bool chat) {
@@ -562,28 +584,47 @@ class Server {
     try {
       if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
       job->request = chat ? serve::parse_chat_request(body, api_) : serve::parse_completion_request(body, api_);
-      const auto prompt = prompt_ids(job->request);
-      job->prompt_tokens = static_cast<int>(prompt.size());
-      if (!job->request.max_tokens_given) {
-        // The checkpoint's default is a default, not the client's limit: shorten it to the whole
-        // canvases that fit after this prompt, as OpenAI and vLLM fit theirs to the context.
-        const int fit = Scheduler::max_new_tokens_that_fit(model_->config(), job->prompt_tokens, job->request.max_tokens);
-        if (fit > 0) job->request.max_tokens = fit;
-      }
       if (job->request.random_seed) {
         std::random_device rd;
         job->request.seed = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
       }
-      Options o = options_for(job->request, job->prompt_tokens);
       job->channel = std::make_shared<serve::Channel>();
-      job->text = std::make_unique<serve::TextAssembler>(
-          [this](const std::vector<std::int32_t>& ids) { return decode(ids); }, job->request.stop, job->request.max_tokens,
-          [this](std::int32_t id) { return tok_->has_id(id) && tok_->decodes_with_next(id); });
-      const std::uint64_t n = ++request_counter_;
+      const std::size_t n = chat ? 1 : job->request.prompts.size();
+      std::vector<std::pair<std::vector<std::int32_t>, Options>> planned;
+      for (std::size_t i = 0; i < n; ++i) {
+        // Every prompt is checked before any is submitted: a request runs whole or not at all.
+        const std::string param = chat ? "messages" : n == 1 ? "prompt" : "prompt[" + std::to_string(i) + "]";
+        auto prompt = prompt_ids(job->request, i, param);
+        const serve::GenerationRequest& r = job->request;
+        const int prompt_tokens = static_cast<int>(prompt.size());
+        int max_tokens = r.max_tokens;
+        if (!r.max_tokens_given) {
+          // The checkpoint's default is a default, not the client's limit: shorten it to the whole
+          // canvases that fit after this prompt, as OpenAI and vLLM fit theirs to the context.
+          const int fit = Scheduler::max_new_tokens_that_fit(model_->config(), prompt_tokens, max_tokens);
+          if (fit > 0) max_tokens = fit;
+        }
+        Options o = options_for(r, max_tokens, prompt_tokens, param);
+        Choice c;
+        c.prompt_tokens = prompt_tokens;
+        c.text = std::make_unique<serve::TextAssembler>(
+            [this](const std::vector<std::int32_t>& ids) { return decode(ids); }, r.stop, max_tokens,
+            [this](std::int32_t id) { return tok_->has_id(id) && tok_->decodes_with_next(id); });
+        job->choices.push_back(std::move(c));
+        planned.emplace_back(std::move(prompt), std::move(o));
+      }
+      const std::uint64_t number = ++request_counter_;
       job->shape = std::make_unique<serve::ResponseShape>(
-          chat, (chat ? "chatcmpl-" : "cmpl-") + id_prefix_ + "-" + std::to_string(n), static_cast<std::int64_t>(std::time(nullptr)),
-          api_.model_id);
-      job->id = submit(prompt, o, job->channel, job->request.stream_drafts);
+          chat, (chat ? "chatcmpl-" : "cmpl-") + id_prefix_ + "-" + std::to_string(number),
+          static_cast<std::int64_t>(std::time(nullptr)), api_.model_id);
+      for (std::size_t i = 0; i < n; ++i) {
+        try {
+          job->choices[i].id = submit(planned[i].first, planned[i].second, job->channel, i, job->request.stream_drafts);
+        } catch (...) {
+          for (std::size_t k = 0; k < i; ++k) batcher_.cancel(job->choices[k].id);  // a full queue refuses them all
+          throw;
+        }
+      }
     } catch (const ApiError& e) {
       send_error(res, e);
       return;
@@ -594,7 +635,7 @@ class Server {
     ++in_flight_;
     {
       std::lock_guard<std::mutex> lock(registry_mu_);
-      registry_[job->id] = job->channel;
+      for (const auto& c : job->choices) registry_[c.id] = job->channel;
     }
     // The seed the answer came from (drawn for "seed": -1), and the fields accepted without effect.
     res.set_header("X-Dgemma-Seed", std::to_string(job->request.seed));
@@ -638,16 +679,17 @@ class Server {
   }
 
   Batcher::RequestId submit(const std::vector<std::int32_t>& prompt, const Options& o,
-                            const std::shared_ptr<serve::Channel>& channel, bool drafts) {
+                            const std::shared_ptr<serve::Channel>& channel, std::size_t choice, bool drafts) {
     Batcher::Request br;
     br.prompt = prompt;
     br.options = o;
     // These run on the worker thread: copy what the handler needs and return at once.
-    br.callbacks.on_step = [channel, drafts](const dg::StepEvent& e) {
+    br.callbacks.on_step = [channel, choice, drafts](const dg::StepEvent& e) {
       if (channel->abandoned) return false;
       if (drafts) {
         serve::Event ev;
         ev.kind = serve::Event::Kind::kDraft;
+        ev.choice = choice;
         ev.canvas = e.record.canvas;
         ev.step = e.record.step;
         ev.accepted = e.record.accepted;
@@ -656,10 +698,11 @@ class Server {
       }
       return true;
     };
-    br.callbacks.on_commit = [channel](const dg::CommitEvent& e) {
+    br.callbacks.on_commit = [channel, choice](const dg::CommitEvent& e) {
       if (channel->abandoned) return false;
       serve::Event ev;
       ev.kind = serve::Event::Kind::kCommit;
+      ev.choice = choice;
       ev.canvas = e.record.canvas;
       ev.step = e.record.steps;
       ev.tokens.assign(e.tokens, e.tokens + e.valid_tokens);
@@ -668,7 +711,7 @@ class Server {
       channel->push(std::move(ev));
       return true;
     };
-    br.on_done = [this, channel](const dg::GenerationResult& r, const dg::Status& s) {
+    br.on_done = [this, channel, choice](const dg::GenerationResult& r, const dg::Status& s) {
       if (r.forwards > 0) {  // cancelled ones too: a stop sequence or a disconnect still cost these tokens
         std::vector<int> steps;
         for (const auto& c : r.canvases) steps.push_back(c.steps);
@@ -676,17 +719,39 @@ class Server {
       }
       serve::Event ev;
       ev.kind = serve::Event::Kind::kDone;
+      ev.choice = choice;
       ev.status = s;
       channel->push(std::move(ev));
     };
     return batcher_.submit(std::move(br));
   }
 
-  // A request's text is complete (or it was cut short): stop its generation if it still runs.
+  // The whole request is over (answered, failed, or its client gone): stop what still runs.
   void stop_generation(Job& job) {
     job.channel->abandoned = true;
-    batcher_.cancel(job.id);
+    for (const auto& c : job.choices) batcher_.cancel(c.id);
   }
+
+  // A commit event of a choice still running: its text delta. A choice whose text is complete (a
+  // stop sequence, max_tokens) has its generation stopped if that canvas was not its last.
+  serve::TextAssembler::Delta take(Job& job, const serve::Event& ev) {
+    Choice& c = job.choices[ev.choice];
+    const auto d = c.text->add(ev.tokens.data(), static_cast<int>(ev.tokens.size()), ev.stop_token, ev.last);
+    if (d.finished) {
+      c.done = true;
+      ++job.done;
+      if (!ev.last) batcher_.cancel(c.id);
+    }
+    return d;
+  }
+
+  // An event that ends the request with an error: a choice ended without its last canvas
+  // (cancelled by a shutdown, or failed).
+  static bool fails(const Job& job, const serve::Event& ev) {
+    return ev.kind == serve::Event::Kind::kDone && !job.choices[ev.choice].done;
+  }
+  // An event that no longer matters: its choice's text is complete.
+  static bool stale(const Job& job, const serve::Event& ev) { return job.choices[ev.choice].done; }
 
   void first_chunk(Job& job) {
     if (job.first_chunk) return;
@@ -702,24 +767,22 @@ class Server {
     return ApiError(500, "generation failed: " + s.message(), "", "internal_error");
   }
 
-  // Without "stream": wait for the whole answer.
+  // Without "stream": wait for the whole answer (every choice).
   void answer(Job& job, httplib::Response& res) {
-    for (;;) {
+    std::vector<serve::ResponseShape::Choice> results(job.choices.size());
+    while (job.done < job.choices.size()) {
       auto ev = job.channel->pop(std::chrono::milliseconds(1000));
-      if (!ev || ev->kind == serve::Event::Kind::kDraft) continue;
-      if (ev->kind == serve::Event::Kind::kDone) {
+      if (!ev || ev->kind == serve::Event::Kind::kDraft || stale(job, *ev)) continue;
+      if (fails(job, *ev)) {
         send_error(res, failure(ev->status.ok() ? dg::Status(dg::StatusCode::kInternal, "no final canvas") : ev->status));
         return;
       }
       first_chunk(job);
-      const auto d = job.text->add(ev->tokens.data(), static_cast<int>(ev->tokens.size()), ev->stop_token, ev->last);
-      if (!d.finished) continue;
-      if (!ev->last) stop_generation(job);
-      const json usage = serve::ResponseShape::usage(job.prompt_tokens, job.text->completion_tokens());
-      res.set_content(serve::dump_json(job.shape->answer(job.text->text(), d.finish_reason, usage)), "application/json");
-      job.finished = true;
-      return;
+      const auto d = take(job, *ev);
+      if (d.finished) results[ev->choice] = job.result(ev->choice, d.finish_reason);
     }
+    res.set_content(serve::dump_json(job.shape->answer(results, job.usage())), "application/json");
+    job.finished = true;
   }
 
   // One call of the stream's content provider: writes the next chunk (or a heartbeat). Returning
@@ -732,8 +795,9 @@ class Server {
     }
     auto ev = job.channel->pop(config_.heartbeat);
     if (!ev) return send(serve::sse_comment("keep-alive"));
+    if (stale(job, *ev)) return true;
     if (ev->kind == serve::Event::Kind::kDraft) {
-      json chunk = job.shape->empty_chunk();
+      json chunk = job.shape->empty_chunk(ev->choice);
       chunk["dgemma"] = json{{"draft", json{{"canvas", ev->canvas},
                                             {"step", ev->step},
                                             {"accepted", ev->accepted},
@@ -741,9 +805,8 @@ class Server {
                                             {"tokens", ev->tokens}}}};
       return send(serve::sse_data(chunk));
     }
-    if (ev->kind == serve::Event::Kind::kDone) {
-      // Ended without its last canvas: cancelled by a shutdown, or failed. OpenAI streams an error
-      // object as a data event; its clients raise it.
+    if (fails(job, *ev)) {
+      // OpenAI streams an error object as a data event; its clients raise it.
       job.finished = true;
       const bool ok = send(serve::sse_data(failure(ev->status.ok() ? dg::Status(dg::StatusCode::kInternal, "no final canvas")
                                                                   : ev->status)
@@ -753,12 +816,11 @@ class Server {
       return ok;
     }
     first_chunk(job);
-    const auto d = job.text->add(ev->tokens.data(), static_cast<int>(ev->tokens.size()), ev->stop_token, ev->last);
-    json chunk = job.shape->chunk(d.text, d.finished ? d.finish_reason : nullptr);
+    const auto d = take(job, *ev);
+    json chunk = job.shape->chunk(d.text, d.finished ? d.finish_reason : nullptr, false, ev->choice);
     chunk["dgemma"] = json{{"canvas", ev->canvas}, {"steps", ev->step}};
-    if (!d.finished) return send(serve::sse_data(chunk));
-    if (!ev->last) stop_generation(job);
-    const json usage = serve::ResponseShape::usage(job.prompt_tokens, job.text->completion_tokens());
+    if (job.done < job.choices.size()) return send(serve::sse_data(chunk));
+    const json usage = job.usage();
     // With include_usage the usage travels in OpenAI's extra chunk only: clients that add up the
     // usage of every chunk (LangChain) would count it twice.
     if (!job.request.include_usage) chunk["usage"] = usage;
@@ -779,7 +841,7 @@ class Server {
     metrics_.latency(job.endpoint, seconds_since(job.arrived));
     {
       std::lock_guard<std::mutex> lock(registry_mu_);
-      registry_.erase(job.id);
+      for (const auto& c : job.choices) registry_.erase(c.id);
     }
     --in_flight_;
   }
