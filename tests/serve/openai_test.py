@@ -46,6 +46,15 @@ class OpenAIClient(unittest.TestCase):
             self.assertEqual(r.choices[i].text, alone.choices[0].text)
             self.assertEqual(r.choices[i].finish_reason, alone.choices[0].finish_reason)
 
+    def test_n_choices(self):
+        # Choice j is the answer with seed + j: several samples of one conversation.
+        r = self.chat("Reverse: cat, moon, ship, blue", seed=20, n=3)
+        self.assertEqual([c.index for c in r.choices], [0, 1, 2])
+        for j in range(3):
+            alone = self.chat("Reverse: cat, moon, ship, blue", seed=20 + j)
+            self.assertEqual(r.choices[j].message.content, alone.choices[0].message.content)
+        self.assertEqual(r.usage.prompt_tokens, alone.usage.prompt_tokens)  # the prompt counts once
+
     def test_stream_equals_whole(self):
         whole = self.chat("Reverse: cat, moon, ship, blue", seed=11).choices[0].message.content
         chunks = list(self.chat("Reverse: cat, moon, ship, blue", seed=11, stream=True,
@@ -103,7 +112,7 @@ class OpenAIClient(unittest.TestCase):
             self.chat(max_tokens=0)
         self.assertEqual(e.exception.param, "max_tokens")
         with self.assertRaises(openai.BadRequestError) as e:
-            self.chat(n=2)
+            self.chat(n=0)
         self.assertEqual(e.exception.param, "n")
         with self.assertRaises(openai.BadRequestError) as e:
             self.chat(extra_body={"dgemma": {"t_min": "low"}})

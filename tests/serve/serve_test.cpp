@@ -184,6 +184,7 @@ void contract(int port) {
     std::string list;
     std::vector<std::string> alone;
     int prompt_tokens = 0, completion_tokens = 0;
+    std::vector<int> alone_prompt_tokens;
     for (const auto& q : prompts) {
       list += (list.empty() ? "" : ",") + q;
       const auto one = post(port, "/v1/completions",
@@ -192,6 +193,7 @@ void contract(int port) {
       const json j = json::parse(one.body);
       alone.push_back(j["choices"][0]["text"].get<std::string>() + "|" + j["choices"][0]["finish_reason"].get<std::string>());
       prompt_tokens += j["usage"]["prompt_tokens"].get<int>();
+      alone_prompt_tokens.push_back(j["usage"]["prompt_tokens"].get<int>());
       completion_tokens += j["usage"]["completion_tokens"].get<int>();
     }
     const std::string body = R"({"model":")" + kModelId + R"(","prompt":[)" + list + R"(],"seed":5,"max_tokens":32,"stop":["zz"])";
@@ -225,6 +227,21 @@ void contract(int port) {
       CHECK(texts[i] == alone[i] && finishes[i] == 1, "streamed prompt " + std::to_string(i) + ": " + texts[i]);
     }
     CHECK(stream_usage(streamed)["completion_tokens"] == completion_tokens, streamed.body);
+    // n samples per prompt, in OpenAI's order (prompt by prompt); sample j uses seed + j, and each
+    // prompt counts once in the usage.
+    const auto sampled = post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":[)" + prompts[0] + "," +
+                                                           prompts[1] + R"(],"n":2,"seed":5,"max_tokens":32,"stop":["zz"]})");
+    const auto seed6 = post(port, "/v1/completions",
+                            R"({"model":")" + kModelId + R"(","prompt":)" + prompts[0] + R"(,"seed":6,"max_tokens":32,"stop":["zz"]})");
+    CHECK(sampled.status == 200 && seed6.status == 200, sampled.body + seed6.body);
+    const json sj = json::parse(sampled.body);
+    const auto text_of = [](const json& c) { return c["text"].get<std::string>() + "|" + c["finish_reason"].get<std::string>(); };
+    CHECK(sj["choices"].size() == 4, sampled.body);
+    if (sj["choices"].size() == 4) {
+      CHECK(text_of(sj["choices"][0]) == alone[0] && text_of(sj["choices"][2]) == alone[1], sampled.body);
+      CHECK(text_of(sj["choices"][1]) == text_of(json::parse(seed6.body)["choices"][0]), sampled.body + " vs " + seed6.body);
+      CHECK(sj["usage"]["prompt_tokens"] == alone_prompt_tokens[0] + alone_prompt_tokens[1], sampled.body);
+    }
     // One bad prompt refuses the whole request, naming it; nothing runs.
     expect_error(post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":["ok", [2, 99999]]})"), 400,
                  "prompt[1][1]", "invalid_value", "a token id outside the vocabulary in the second prompt");
@@ -245,7 +262,9 @@ void contract(int port) {
                "unknown_parameter", "unknown extension field");
   expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"dgemma":{"t_min":0.9,"t_max":0.5})")), 400,
                "dgemma.t_max", "invalid_value", "t_max <= t_min");
-  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"n":2)")), 400, "n", "invalid_value", "n != 1");
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"n":0)")), 400, "n", "invalid_value", "n = 0");
+  expect_error(post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":["a","b"],"n":40})"), 400, "n",
+               "invalid_value", "2 prompts x n 40 choices");
   // What clients send by default and this sampler has no counterpart for (a temperature, top_p, an
   // unknown field) is accepted without effect, and named; the answer is the one without them.
   auto tempered = post(port, "/v1/chat/completions",

@@ -198,8 +198,13 @@ TEST_CASE("serve: request checks name the field at fault", "[serve]") {
   CHECK(parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-1})", limits()).random_seed);
   // Numbers beyond a double are a client's JSON error, not a server failure.
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1e400})", &p) == 400);
-  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":2})", &p) == 400);
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":2})", &p) == 200);
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":65})", &p) == 400);
   CHECK(p == "n");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":1.5})", &p) == 400);
+  CHECK(p == "n");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"best_of":2})", &p) == 400);
+  CHECK(p == "best_of");
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})",
                   &p) == 400);
   CHECK(p == "response_format");

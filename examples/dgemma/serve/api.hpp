@@ -92,7 +92,8 @@ struct CompletionPrompt {
 struct GenerationRequest {
   bool chat = true;
   std::vector<Message> messages;         // chat
-  std::vector<CompletionPrompt> prompts;  // completions: one choice each, in order
+  std::vector<CompletionPrompt> prompts;  // completions: n choices each, in order
+  int n = 1;  // choices per prompt: choice j of a prompt uses seed + j
   int max_tokens = 0;
   bool max_tokens_given = false;  // false: the checkpoint's default, which the server may shorten to fit the context
   std::uint64_t seed = 0;         // default 0, as `dgemma generate`: the same request gives the same answer
@@ -236,8 +237,8 @@ inline void check_sampling(const json& body, const std::string& key, const ApiLi
 inline void check_shape(const json& body, const std::string& key) {
   const json& v = body[key];
   if (v.is_null()) return;
-  if (key == "n" || key == "best_of") {
-    if (!(v.is_number() && v.get<double>() == 1.0)) bad_value(key, "must be 1: one choice per request (got " + v.dump() + ")");
+  if (key == "best_of") {
+    if (!(v.is_number() && v.get<double>() == 1.0)) bad_value(key, "must be 1 (ask for several choices with 'n'; got " + v.dump() + ")");
   } else if (key == "logprobs" || key == "echo") {
     const bool off = (v.is_boolean() && !v.get<bool>()) || (v.is_number_integer() && v.get<std::int64_t>() == 0);
     if (!off) bad_value(key, "is not supported: only false is accepted (got " + v.dump() + ")");
@@ -348,10 +349,11 @@ inline json parse_common(const std::string& body, const ApiLimits& limits, const
   for (const auto& k : sampling) {
     if (j.contains(k)) check_sampling(j, k, limits, r);
   }
-  for (const char* k : {"n", "logprobs", "top_logprobs", "best_of", "echo", "suffix", "tools", "functions", "tool_choice",
+  for (const char* k : {"logprobs", "top_logprobs", "best_of", "echo", "suffix", "tools", "functions", "tool_choice",
                         "function_call", "response_format", "modalities"}) {
     if (j.contains(k)) check_shape(j, k);
   }
+  if (j.contains("n") && !j["n"].is_null()) r.n = static_cast<int>(get_int(j["n"], "n", 1, static_cast<std::int64_t>(limits.max_prompts)));
   if (j.contains("user") && !j["user"].is_null()) (void)get_string(j["user"], "user");  // accepted, not used
   r.max_tokens = limits.default_max_tokens;
   std::optional<std::int64_t> max_tokens;
@@ -491,6 +493,10 @@ inline GenerationRequest parse_completion_request(const std::string& body, const
     for (std::size_t i = 0; i < p.size(); ++i) one(p[i], "prompt[" + std::to_string(i) + "]");
   } else {
     one(p, "prompt");
+  }
+  if (r.prompts.size() * static_cast<std::size_t>(r.n) > limits.max_prompts) {
+    detail::bad_value("n", std::to_string(r.prompts.size()) + " prompts x n " + std::to_string(r.n) + " choices exceed " +
+                               std::to_string(limits.max_prompts) + " per request");
   }
   return r;
 }

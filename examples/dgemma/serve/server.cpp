@@ -549,7 +549,8 @@ class Server {
     Batcher::RequestId id = 0;
     std::unique_ptr<serve::TextAssembler> text;
     int prompt_tokens = 0;
-    bool done = false;  // its text is complete (later events of it are ignored)
+    bool first_sample = true;  // the first of its prompt's n samples: counts the prompt in the usage
+    bool done = false;         // its text is complete (later events of it are ignored)
   };
 
   // Everything a request's handler (and, for a stream, its content provider) needs. The choices
@@ -570,7 +571,7 @@ class Server {
     nlohmann::ordered_json usage() const {
       int prompt = 0, completion = 0;
       for (const auto& c : choices) {
-        prompt += c.prompt_tokens;
+        if (c.first_sample) prompt += c.prompt_tokens;  // OpenAI counts a prompt once, whatever n
         completion += c.text->completion_tokens();
       }
       return serve::ResponseShape::usage(prompt, completion);
@@ -589,12 +590,15 @@ class Server {
         job->request.seed = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
       }
       job->channel = std::make_shared<serve::Channel>();
-      const std::size_t n = chat ? 1 : job->request.prompts.size();
+      // Choices in OpenAI's order: prompt by prompt, n samples each; sample j uses seed + j.
+      const std::size_t prompts = chat ? 1 : job->request.prompts.size();
+      const std::size_t samples = static_cast<std::size_t>(job->request.n);
       std::vector<std::pair<std::vector<std::int32_t>, Options>> planned;
-      for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t k = 0; k < prompts * samples; ++k) {
         // Every prompt is checked before any is submitted: a request runs whole or not at all.
-        const std::string param = chat ? "messages" : n == 1 ? "prompt" : "prompt[" + std::to_string(i) + "]";
-        auto prompt = prompt_ids(job->request, i, param);
+        const std::size_t i = k / samples;
+        const std::string param = chat ? "messages" : prompts == 1 ? "prompt" : "prompt[" + std::to_string(i) + "]";
+        auto prompt = k % samples == 0 ? prompt_ids(job->request, i, param) : planned.back().first;
         const serve::GenerationRequest& r = job->request;
         const int prompt_tokens = static_cast<int>(prompt.size());
         int max_tokens = r.max_tokens;
@@ -605,8 +609,10 @@ class Server {
           if (fit > 0) max_tokens = fit;
         }
         Options o = options_for(r, max_tokens, prompt_tokens, param);
+        o.sampler.rng.seed += k % samples;
         Choice c;
         c.prompt_tokens = prompt_tokens;
+        c.first_sample = k % samples == 0;
         c.text = std::make_unique<serve::TextAssembler>(
             [this](const std::vector<std::int32_t>& ids) { return decode(ids); }, r.stop, max_tokens,
             [this](std::int32_t id) { return tok_->has_id(id) && tok_->decodes_with_next(id); });
@@ -617,7 +623,7 @@ class Server {
       job->shape = std::make_unique<serve::ResponseShape>(
           chat, (chat ? "chatcmpl-" : "cmpl-") + id_prefix_ + "-" + std::to_string(number),
           static_cast<std::int64_t>(std::time(nullptr)), api_.model_id);
-      for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t i = 0; i < planned.size(); ++i) {
         try {
           job->choices[i].id = submit(planned[i].first, planned[i].second, job->channel, i, job->request.stream_drafts);
         } catch (...) {
