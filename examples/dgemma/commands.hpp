@@ -9,6 +9,7 @@ namespace dgemma {
 int cmd_parity(const std::vector<std::string>& args);
 int cmd_replay(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
+int cmd_batch(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 int cmd_info(const std::vector<std::string>& args);
 int cmd_quantize(const std::vector<std::string>& args);

@@ -11,7 +11,9 @@
 
 #include <diffusion_gemma/cpu/engine.hpp>
 #include <diffusion_gemma/cpu/model.hpp>
+#include <diffusion_gemma/io/chat_format.hpp>
 #include <diffusion_gemma/io/tokenizer.hpp>
+#include <diffusion_gemma/io/utf8.hpp>
 #include <diffusion_gemma/runtime/decoder.hpp>
 
 #include "cli.hpp"
@@ -38,6 +40,42 @@ inline std::string decode_known(const diffusion_gemma::io::Tokenizer& tok, const
 }
 
 inline bool stderr_is_terminal() { return ::isatty(2) == 1; }
+
+// Prompt text -> ids as `dgemma generate` and `dgemma batch` tokenize it: a user turn of the chat
+// format (with an optional system turn and thinking), or raw text that starts with <bos> whether or
+// not tokenizer.json's post-processor adds it. `what` names the prompt in errors.
+struct PromptFormat {
+  bool chat = false;
+  bool think = false;
+  std::string system;  // empty: no system turn
+};
+inline std::vector<std::int32_t> encode_text_prompt(const diffusion_gemma::io::Tokenizer& tok,
+                                                    const diffusion_gemma::ModelConfig& cfg, const std::string& text,
+                                                    const PromptFormat& format, const std::string& what) {
+  if (!diffusion_gemma::io::is_valid_utf8(text)) throw UsageError(what + " is not valid UTF-8");
+  std::vector<int> ids;
+  if (format.chat) {
+    std::vector<diffusion_gemma::io::ChatMessage> msgs;
+    if (!format.system.empty()) msgs.push_back({"system", format.system});
+    msgs.push_back({"user", text});
+    diffusion_gemma::io::ChatOptions co;
+    co.enable_thinking = format.think;
+    ids = diffusion_gemma::io::encode_chat(tok, msgs, co);
+  } else {
+    ids = tok.encode(text);
+    if (ids.empty() || ids[0] != cfg.bos_token_id) ids.insert(ids.begin(), cfg.bos_token_id);
+  }
+  std::vector<std::int32_t> prompt;
+  for (int id : ids) {
+    if (id < 0 || id >= cfg.vocab_size) {
+      throw diffusion_gemma::Error(diffusion_gemma::StatusCode::kInvalidArgument,
+                                   tok.source() + " produced id " + std::to_string(id) +
+                                       ", outside the model's vocabulary of " + std::to_string(cfg.vocab_size));
+    }
+    prompt.push_back(id);
+  }
+  return prompt;
+}
 
 // Loads a checkpoint; on a terminal, a progress line while the weights are read into memory.
 inline std::shared_ptr<const diffusion_gemma::cpu::Model> load_model(const std::string& dir, bool check_weights) {

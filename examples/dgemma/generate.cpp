@@ -208,28 +208,11 @@ int cmd_generate(const std::vector<std::string>& args) {
   } else {
     if (!tok) throw dg::Error(dg::StatusCode::kNotFound, tok_path + " does not exist: give --prompt-ids instead of text");
     const std::string text = f.has("prompt") ? f.str("prompt") : read_prompt_file(f.str("prompt-file"));
-    if (!dg::io::is_valid_utf8(text)) throw UsageError("--prompt is not valid UTF-8");
-    std::vector<int> ids;
-    if (f.flag("chat")) {
-      std::vector<dg::io::ChatMessage> msgs;
-      if (f.has("system")) msgs.push_back({"system", f.str("system")});
-      msgs.push_back({"user", text});
-      dg::io::ChatOptions co;
-      co.enable_thinking = f.flag("think");
-      ids = dg::io::encode_chat(*tok, msgs, co);
-    } else {
-      ids = tok->encode(text);
-      // Raw text starts with <bos> whether or not tokenizer.json's post-processor adds it.
-      if (ids.empty() || ids[0] != cfg.bos_token_id) ids.insert(ids.begin(), cfg.bos_token_id);
-    }
-    for (int id : ids) {
-      if (id < 0 || id >= cfg.vocab_size) {
-        throw dg::Error(dg::StatusCode::kInvalidArgument, tok_path + " produced id " + std::to_string(id) +
-                                                              ", outside the model's vocabulary of " +
-                                                              std::to_string(cfg.vocab_size));
-      }
-      prompt.push_back(id);
-    }
+    PromptFormat format;
+    format.chat = f.flag("chat");
+    format.think = f.flag("think");
+    format.system = f.str("system", "");
+    prompt = encode_text_prompt(*tok, cfg, text, format, "--prompt");
   }
 
   using TextDecoder = dg::Decoder<dg::cpu::Engine<dg::DiffusionGemmaBackbone>>;

@@ -19,6 +19,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  generate     text or ids in, text out, with a live view of the canvas as it denoises\n"
+    "  batch        every prompt of a JSON Lines file, many sequences per pass, JSON Lines out\n"
     "  serve        an OpenAI-compatible HTTP server (chat, completions, streaming, metrics)\n"
     "  info         config summary, parameter counts, memory for weights and KV cache\n"
     "  quantize     write a compressed-tensors checkpoint (w4a16, w8a16, int8, fp8)\n"
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
     if (cmd == "parity") return dgemma::cmd_parity(args);
     if (cmd == "replay") return dgemma::cmd_replay(args);
     if (cmd == "generate") return dgemma::cmd_generate(args);
+    if (cmd == "batch") return dgemma::cmd_batch(args);
     if (cmd == "serve") return dgemma::cmd_serve(args);
     if (cmd == "info") return dgemma::cmd_info(args);
     if (cmd == "quantize") return dgemma::cmd_quantize(args);

@@ -95,6 +95,58 @@ if(NOT rc EQUAL 1 OR NOT err MATCHES "not valid UTF-8")
 endif()
 message(STATUS "dgemma generate/tokenize end to end passed: '${text}'")
 
+# dgemma batch: JSON Lines in, one result per line in input order, each equal to `dgemma generate`
+# with the same prompt, seed and flags (here two at a time in the batch, ragged prompts).
+set(batch_in ${CMAKE_CURRENT_BINARY_DIR}/batch.jsonl)
+file(WRITE ${batch_in} "\"Hello there\"\n{\"prompt\": \"General Kenobi\", \"seed\": 5}\n\n"
+                       "{\"prompt_ids\": [2, 7, 9], \"max_new_tokens\": 16}\n")
+set(common --max-new-tokens 24 --max-denoising-steps 4)
+set(common_16 --max-new-tokens 16 --max-denoising-steps 4)
+execute_process(COMMAND ${DGEMMA} batch --model ${model} --input ${batch_in} --max-batch 2 ${common}
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "3 prompts")
+  message(FATAL_ERROR "dgemma batch: exit ${rc}, '${err}'")
+endif()
+# Split by hand: a generated text may hold ';', which a CMake list would split on.
+set(rest "${out}")
+set(n 0)
+while(NOT rest STREQUAL "")
+  string(FIND "${rest}" "\n" eol)
+  if(eol EQUAL -1)
+    message(FATAL_ERROR "dgemma batch: the output does not end in a newline: '${out}'")
+  endif()
+  string(SUBSTRING "${rest}" 0 ${eol} line_${n})
+  math(EXPR start "${eol} + 1")
+  string(SUBSTRING "${rest}" ${start} -1 rest)
+  math(EXPR n "${n} + 1")
+endwhile()
+if(NOT n EQUAL 3)
+  message(FATAL_ERROR "dgemma batch wrote ${n} lines: '${out}'")
+endif()
+set(alone_0 ${common} --prompt "Hello there")
+set(alone_1 ${common} --prompt "General Kenobi" --seed 5)
+set(alone_2 ${common_16} --prompt-ids 2,7,9)
+foreach(i 0 1 2)
+  execute_process(COMMAND ${DGEMMA} generate --model ${model} ${alone_${i}} --json OUTPUT_VARIABLE ref
+                  RESULT_VARIABLE rc)
+  set(got "${line_${i}}")
+  string(JSON got_index GET "${got}" index)
+  string(JSON got_tokens GET "${got}" tokens)
+  string(JSON ref_tokens GET "${ref}" tokens)
+  string(JSON got_text GET "${got}" text)
+  string(JSON ref_text GET "${ref}" text)
+  if(NOT rc EQUAL 0 OR NOT got_index EQUAL i OR NOT got_tokens STREQUAL ref_tokens OR NOT got_text STREQUAL ref_text)
+    message(FATAL_ERROR "dgemma batch line ${i}: '${got}' but generate alone: '${ref}'")
+  endif()
+endforeach()
+# A bad line is named with its file and line number before anything runs.
+file(WRITE ${batch_in} "\"Hello\"\n{\"prompt\": \"x\", \"temperature\": 1}\n")
+execute_process(COMMAND ${DGEMMA} batch --model ${model} --input ${batch_in} ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "batch.jsonl:2: unknown field \"temperature\"")
+  message(FATAL_ERROR "dgemma batch with a bad line: exit ${rc}, '${err}'")
+endif()
+message(STATUS "dgemma batch passed")
+
 # `dgemma info` works from config.json alone, prints the kernels this CPU runs and the memory a
 # generation needs, and --precision is checked by name.
 set(config_only ${CMAKE_CURRENT_BINARY_DIR}/config_only)

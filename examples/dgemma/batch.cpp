@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: Apache-2.0
+// `dgemma batch`: many prompts from a JSON Lines file, run together through the continuous batcher
+// (runtime/batcher.hpp), one JSON line per prompt out, in input order. Each answer is the one
+// `dgemma generate` gives for that prompt and seed: a sequence's tokens do not depend on its
+// neighbours in a batch.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <diffusion_gemma/cpu/engine.hpp>
+#include <diffusion_gemma/io/json_file.hpp>
+#include <diffusion_gemma/runtime/batcher.hpp>
+
+#include "commands.hpp"
+#include "common.hpp"
+
+namespace dgemma {
+
+namespace dg = diffusion_gemma;
+
+namespace {
+
+using Engine = dg::cpu::Engine<dg::DiffusionGemmaBackbone>;
+using Batcher = dg::ContinuousBatcher<Engine>;
+using Options = Batcher::Options;
+
+struct Item {
+  std::string where;  // FILE:LINE, for messages
+  std::vector<std::int32_t> prompt;
+  Options options;
+  nlohmann::ordered_json result;
+  bool done = false;
+};
+
+// One input line: a JSON string (the prompt text) or an object with "prompt" (text) or
+// "prompt_ids", and optionally "seed" and "max_new_tokens" over the flags' values. --chat formats
+// text prompts only: ids are used exactly as given.
+Item parse_line(const std::string& line, const std::string& where, const dg::io::Tokenizer* tok, const dg::ModelConfig& cfg,
+                const PromptFormat& format, const Options& defaults) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(where + ": not a JSON value (" + e.what() + ")");
+  }
+  Item it;
+  it.where = where;
+  it.options = defaults;
+  const auto text = [&](const std::string& t) {
+    if (!tok) throw UsageError(where + ": a text prompt needs tokenizer.json in the model directory (or give prompt_ids)");
+    if (t.empty()) throw UsageError(where + ": the prompt is empty");
+    it.prompt = encode_text_prompt(*tok, cfg, t, format, where + ": the prompt");
+  };
+  if (j.is_string()) {
+    text(j.get<std::string>());
+    return it;
+  }
+  if (!j.is_object()) throw UsageError(where + ": expected a string or an object, got " + std::string(j.type_name()));
+  for (auto f = j.begin(); f != j.end(); ++f) {
+    const std::string& k = f.key();
+    const auto& v = f.value();
+    if (k == "prompt") {
+      if (!v.is_string()) throw UsageError(where + ": \"prompt\" must be a string");
+      if (j.contains("prompt_ids")) throw UsageError(where + ": give \"prompt\" or \"prompt_ids\", not both");
+      text(v.get<std::string>());
+    } else if (k == "prompt_ids") {
+      if (!v.is_array() || v.empty()) throw UsageError(where + ": \"prompt_ids\" must be a non-empty array of token ids");
+      for (const auto& id : v) {
+        if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() >= cfg.vocab_size) {
+          throw UsageError(where + ": \"prompt_ids\" holds " + id.dump() + ", not a token id in [0, " +
+                           std::to_string(cfg.vocab_size) + ")");
+        }
+        it.prompt.push_back(static_cast<std::int32_t>(id.get<std::int64_t>()));
+      }
+    } else if (k == "seed") {
+      if (!v.is_number_unsigned()) throw UsageError(where + ": \"seed\" must be an integer in [0, 2^64)");
+      it.options.sampler.rng.seed = v.get<std::uint64_t>();
+    } else if (k == "max_new_tokens") {
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > (1 << 24)) {
+        throw UsageError(where + ": \"max_new_tokens\" must be an integer in [1, 16777216]");
+      }
+      it.options.scheduler.max_new_tokens = static_cast<int>(v.get<std::int64_t>());
+    } else {
+      throw UsageError(where + ": unknown field \"" + k + "\" (known: prompt, prompt_ids, seed, max_new_tokens)");
+    }
+  }
+  if (it.prompt.empty()) throw UsageError(where + ": needs \"prompt\" or \"prompt_ids\"");
+  return it;
+}
+
+}  // namespace
+
+int cmd_batch(const std::vector<std::string>& args) {
+  auto specs = sampler_flag_specs();
+  const std::vector<FlagSpec> own = {
+      {"model", "DIR", "checkpoint directory (default: the bundled model, models/dg-tiny-tasks)"},
+      {"input", "FILE", "JSON Lines: each line a prompt string, or {\"prompt\" | \"prompt_ids\", \"seed\", \"max_new_tokens\"}"},
+      {"output", "FILE", "write the results here (default: standard output)"},
+      {"max-batch", "N", "sequences denoised together (default 16)"},
+      {"chat", "", "wrap each text prompt as a user turn of the Gemma 4 chat format (prompt_ids stay as given)"},
+      {"system", "TEXT", "system turn (with --chat)"},
+      {"think", "", "thinking on (with --chat)"},
+      {"seed", "N", "seed of every line that gives none (default 0)"},
+      {"memory-budget", "MIB", "KV caches and workspace of the running sequences, at most this many MiB"},
+      {"check-weights", "", "scan every weight for NaN/Inf at load"},
+  };
+  specs.insert(specs.begin(), own.begin(), own.end());
+  for (auto& spec : engine_flag_specs(dg::cpu::precision_name(dg::cpu::EngineOptions{}.precision))) specs.push_back(spec);
+  Flags f("batch",
+          "Generates for every prompt of a JSON Lines file, many sequences per forward pass. Writes one JSON\n"
+          "line per prompt, in input order: index, text, tokens, seed, steps and stop reason per canvas. Each\n"
+          "answer equals `dgemma generate` with the same prompt, seed and flags.",
+          specs);
+  if (!f.parse(args)) {
+    std::cout << f.usage();
+    return 0;
+  }
+  if (!f.has("input")) throw UsageError("--input FILE is required");
+  if ((f.has("system") || f.flag("think")) && !f.flag("chat")) throw UsageError("--system and --think need --chat");
+  const std::string dir = f.str("model", DG_DEFAULT_MODEL_DIR);
+  const int max_batch = static_cast<int>(f.integer("max-batch", 16, 1, 1024));
+  const std::string input = f.str("input");
+  const std::string text = dg::io::read_text_file(input);  // names the file when it is missing or not a file
+  auto model = load_model(dir, f.flag("check-weights"));
+  const auto& cfg = model->config();
+  if (!cfg.is_diffusion()) throw UsageError(dir + " is not a DiffusionGemma checkpoint (model_type diffusion_gemma)");
+  std::unique_ptr<dg::io::Tokenizer> tok;
+  const std::string tok_path = dir + "/tokenizer.json";
+  if (::access(tok_path.c_str(), F_OK) == 0) tok = std::make_unique<dg::io::Tokenizer>(dg::io::Tokenizer::from_file(tok_path));
+
+  Options defaults = dg::default_decode_options<Batcher::Sampler, Batcher::Scheduler>(model->generation_config());
+  apply_sampler_flags(f, cfg.vocab_size, defaults);
+  defaults.sampler.rng.seed = static_cast<std::uint64_t>(f.integer("seed", 0, 0, INT64_MAX));
+  PromptFormat format;
+  format.chat = f.flag("chat");
+  format.think = f.flag("think");
+  format.system = f.str("system", "");
+
+  // Every line is read and checked before any work, so that line 900 cannot fail after an hour.
+  std::vector<Item> items;
+  std::size_t line_no = 0, pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    items.push_back(parse_line(line, input + ":" + std::to_string(line_no), tok.get(), cfg, format, defaults));
+  }
+  if (items.empty()) throw UsageError(input + ": no prompts (one JSON value per line)");
+
+  Engine engine(model, engine_options(f, dg::cpu::EngineOptions{}.precision));
+  Batcher::Limits limits;
+  limits.max_batch = max_batch;
+  limits.max_queue = items.size();
+  limits.memory_budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
+  Batcher batcher(engine, limits);
+  std::size_t finished = 0;
+  std::int64_t tokens = 0;
+  std::string first_error;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    Batcher::Request r;
+    r.prompt = items[i].prompt;
+    r.options = items[i].options;
+    r.on_done = [&, i](const dg::GenerationResult& g, const dg::Status& s) {
+      Item& it = items[i];
+      it.done = true;
+      ++finished;
+      auto& j = it.result;
+      j["index"] = i;
+      if (!s.ok()) {
+        j["error"] = s.message();
+        if (first_error.empty()) first_error = it.where + ": " + s.message();
+        return;
+      }
+      const auto out = g.text_tokens();
+      tokens += static_cast<std::int64_t>(out.size());
+      std::vector<int> steps;
+      std::vector<std::string> stops;
+      for (const auto& c : g.canvases) {
+        steps.push_back(c.steps);
+        stops.push_back(dg::to_string(c.stop));
+      }
+      j["text"] = tok ? decode_known(*tok, out) : std::string();
+      j["tokens"] = out;
+      j["seed"] = it.options.sampler.rng.seed;
+      j["prompt_tokens"] = it.prompt.size();
+      j["steps"] = steps;
+      j["stop"] = stops;
+      j["finish"] = dg::to_string(g.finish);
+    };
+    try {
+      batcher.submit(std::move(r));  // checks positions and the memory budget: a line that can never run fails here
+    } catch (const dg::Error& e) {
+      throw dg::Error(e.code(), items[i].where + ": " + e.what());
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  // Progress: a line redrawn in place on a terminal; in a log, a line every 10 seconds.
+  const bool progress = stderr_is_terminal();
+  std::size_t reported = 0;
+  double logged = 0;
+  while (batcher.step()) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (progress ? finished != reported : s - logged >= 10.0) {
+      reported = finished;
+      logged = s;
+      std::fprintf(stderr, progress ? "\r%zu/%zu prompts, %.1f tokens/s" : "%zu/%zu prompts, %.1f tokens/s\n", finished,
+                   items.size(), s > 0 ? tokens / s : 0.0);
+      std::fflush(stderr);
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::ofstream file;
+  if (f.has("output")) {
+    file.open(f.str("output"), std::ios::binary | std::ios::trunc);
+    if (!file) throw dg::Error(dg::StatusCode::kNotFound, f.str("output") + ": cannot be written");
+  }
+  std::ostream& out = f.has("output") ? static_cast<std::ostream&>(file) : std::cout;
+  for (const auto& it : items) {
+    out << (it.done ? it.result : nlohmann::ordered_json{{"error", "not run"}})
+               .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
+        << "\n";
+  }
+  out.flush();
+  if (!out) throw dg::Error(dg::StatusCode::kInternal, "writing the results failed");
+  const auto st = batcher.stats();
+  std::fprintf(stderr, "%s[%zu prompts, %lld tokens in %.2f s, %.1f tokens/s, %.1f sequences per denoising pass]\n",
+               progress ? "\r\033[K" : "", items.size(), static_cast<long long>(tokens), seconds,
+               seconds > 0 ? tokens / seconds : 0.0,
+               st.denoise_passes ? static_cast<double>(st.denoise_steps) / static_cast<double>(st.denoise_passes) : 0.0);
+  if (!first_error.empty()) {
+    std::fprintf(stderr, "dgemma batch: error: %s\n", first_error.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace dgemma
