@@ -130,9 +130,7 @@ int cmd_batch(const std::vector<std::string>& args) {
   auto model = load_model(dir, f.flag("check-weights"));
   const auto& cfg = model->config();
   if (!cfg.is_diffusion()) throw UsageError(dir + " is not a DiffusionGemma checkpoint (model_type diffusion_gemma)");
-  std::unique_ptr<dg::io::Tokenizer> tok;
-  const std::string tok_path = dir + "/tokenizer.json";
-  if (::access(tok_path.c_str(), F_OK) == 0) tok = std::make_unique<dg::io::Tokenizer>(dg::io::Tokenizer::from_file(tok_path));
+  const std::unique_ptr<dg::io::Tokenizer> tok = load_tokenizer_if_present(dir);
 
   Options defaults = dg::default_decode_options<Batcher::Sampler, Batcher::Scheduler>(model->generation_config());
   apply_sampler_flags(f, cfg.vocab_size, defaults);

@@ -41,6 +41,13 @@ inline std::string decode_known(const diffusion_gemma::io::Tokenizer& tok, const
 
 inline bool stderr_is_terminal() { return ::isatty(2) == 1; }
 
+// The checkpoint's tokenizer.json, or null when it has none (a model driven by token ids only).
+inline std::unique_ptr<diffusion_gemma::io::Tokenizer> load_tokenizer_if_present(const std::string& dir) {
+  const std::string path = dir + "/tokenizer.json";
+  if (::access(path.c_str(), F_OK) != 0) return nullptr;
+  return std::make_unique<diffusion_gemma::io::Tokenizer>(diffusion_gemma::io::Tokenizer::from_file(path));
+}
+
 // Prompt text -> ids as `dgemma generate` and `dgemma batch` tokenize it: a user turn of the chat
 // format (with an optional system turn and thinking), or raw text that starts with <bos> whether or
 // not tokenizer.json's post-processor adds it. `what` names the prompt in errors.

@@ -198,15 +198,13 @@ int cmd_generate(const std::vector<std::string>& args) {
   const auto& cfg = model->config();
   if (!cfg.is_diffusion()) throw UsageError(dir + " is not a DiffusionGemma checkpoint (model_type diffusion_gemma)");
 
-  std::unique_ptr<dg::io::Tokenizer> tok;
-  const std::string tok_path = dir + "/tokenizer.json";
-  if (::access(tok_path.c_str(), F_OK) == 0) tok = std::make_unique<dg::io::Tokenizer>(dg::io::Tokenizer::from_file(tok_path));
+  const std::unique_ptr<dg::io::Tokenizer> tok = load_tokenizer_if_present(dir);
   std::vector<std::int32_t> prompt;
   if (f.has("prompt-ids")) {
     if (f.flag("chat")) throw UsageError("--chat needs a text prompt");
     for (auto id : f.integers("prompt-ids", 0, cfg.vocab_size - 1)) prompt.push_back(static_cast<std::int32_t>(id));
   } else {
-    if (!tok) throw dg::Error(dg::StatusCode::kNotFound, tok_path + " does not exist: give --prompt-ids instead of text");
+    if (!tok) throw dg::Error(dg::StatusCode::kNotFound, dir + "/tokenizer.json does not exist: give --prompt-ids instead of text");
     const std::string text = f.has("prompt") ? f.str("prompt") : read_prompt_file(f.str("prompt-file"));
     PromptFormat format;
     format.chat = f.flag("chat");
