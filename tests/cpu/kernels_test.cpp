@@ -117,9 +117,10 @@ TEST_CASE("products with a weight match a double-precision oracle on every kerne
     std::int64_t m, n, k;
   };
   // Rows below and above the 4-row streaming kernel and the 6/12-row tiles; columns and depth cut
-  // by every panel (16, 32), tile (16, 32) and depth block (256 fp32, 2048 bf16 on tiles) size.
-  const Size sizes[] = {{1, 5, 7}, {2, 33, 48}, {4, 64, 128}, {5, 37, 300}, {13, 70, 257}, {37, 129, 512}, {16, 32, 64},
-                        {9, 40, 1100}, {18, 33, 4200}, {98, 20, 600}};
+  // by every panel (16, 32), tile (16, 32) and depth block (256 fp32, 2048 bf16 on tiles) size;
+  // 301 rows at depth 600 run in three row groups (kernels::row_group_rows), the last one shorter.
+  const Size sizes[] = {{1, 5, 7},     {2, 33, 48},   {4, 64, 128},    {5, 37, 300},   {13, 70, 257}, {37, 129, 512},
+                        {16, 32, 64},  {9, 40, 1100}, {18, 33, 4200},  {98, 20, 600},  {301, 40, 600}};
   for (cpu::Isa isa : runnable_isas()) {
     for (cpu::Precision precision : {cpu::Precision::kExact, cpu::Precision::kFast}) {
       cpu::KernelContext ctx;
@@ -179,24 +180,28 @@ TEST_CASE("exact products: same bits on AVX2 and AVX-512 and at any thread count
     return;
   }
   std::mt19937 rng(99);
-  const std::int64_t m = 40, n = 300, k = 700;
-  const TestWeight w = make_weight(DType::kBF16, n, k, rng);
-  const auto x = random_floats(static_cast<std::size_t>(m * k), rng);
-  const auto run = [&](cpu::Isa isa, int threads) {
-    cpu::KernelContext ctx;
-    ctx.isa = isa;
-    ctx.threads = threads;
-    std::vector<float> y(static_cast<std::size_t>(m * n));
-    cpu::linear(ctx, w.view, x.data(), k, m, y.data(), n);
-    return y;
-  };
-  const auto reference = run(cpu::Isa::kAvx2, 1);
-  CHECK(run(cpu::Isa::kAvx2, 2) == reference);
-  if (cpu::cpu_features().best() >= cpu::Isa::kAvx512) {
-    CHECK(run(cpu::Isa::kAvx512, 1) == reference);
-    CHECK(run(cpu::Isa::kAvx512, 2) == reference);
-  } else {
-    WARN("no AVX-512 on this CPU: the AVX2/AVX-512 agreement is not checked here");
+  // 300 rows: row groups of 102 (AVX2's 6-row tiles) and 108 (AVX-512's 12), the same bits.
+  for (const std::int64_t m : {40, 300}) {
+    INFO("m " << m);
+    const std::int64_t n = 300, k = 700;
+    const TestWeight w = make_weight(DType::kBF16, n, k, rng);
+    const auto x = random_floats(static_cast<std::size_t>(m * k), rng);
+    const auto run = [&](cpu::Isa isa, int threads) {
+      cpu::KernelContext ctx;
+      ctx.isa = isa;
+      ctx.threads = threads;
+      std::vector<float> y(static_cast<std::size_t>(m * n));
+      cpu::linear(ctx, w.view, x.data(), k, m, y.data(), n);
+      return y;
+    };
+    const auto reference = run(cpu::Isa::kAvx2, 1);
+    CHECK(run(cpu::Isa::kAvx2, 2) == reference);
+    if (cpu::cpu_features().best() >= cpu::Isa::kAvx512) {
+      CHECK(run(cpu::Isa::kAvx512, 1) == reference);
+      CHECK(run(cpu::Isa::kAvx512, 2) == reference);
+    } else {
+      WARN("no AVX-512 on this CPU: the AVX2/AVX-512 agreement is not checked here");
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 // memory-mapped checkpoint gives no alignment): kernels use unaligned loads only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -193,13 +194,32 @@ struct TileShape {
 using TileKernel = void (*)(std::int64_t rows, const float* a, std::int64_t lda, const float* panel, std::int64_t kc,
                             float* c, std::int64_t ldc, bool load_c, std::int64_t nvalid);
 
+// Rows of A one pass over the panels works on: a block of A (rows x kc floats) of at most this
+// many bytes stays in L2 while every panel of its depth block runs over it. Without the bound a
+// block of a long prompt (512 rows x 256 deep, 512 KiB) was read back from L3 for every panel: the
+// AVX2 product of 512 and 1024 rows ran at 71-90 GFLOP/s per thread against 100-104 in row groups
+// of 144 (forced to AVX2 on the AMX Xeon, k 2048, n 1024; docs/design.md), and a Zen 3 has only
+// 512 KiB of L2.
+constexpr std::int64_t kRowGroupBytes = 144 * 1024;
+
+// Rows per group for m rows: groups of equal size (a multiple of the tile's rows), each at most
+// about kRowGroupBytes of A.
+inline std::int64_t row_group_rows(const TileShape& shape, std::int64_t m, std::int64_t kc) {
+  const std::int64_t cap = std::max<std::int64_t>(shape.mr, kRowGroupBytes / (kc * std::int64_t{sizeof(float)}));
+  const std::int64_t groups = (m + cap - 1) / cap;
+  const std::int64_t rows = (m + groups - 1) / groups;
+  return (rows + shape.mr - 1) / shape.mr * shape.mr;
+}
+
 // C (+)= A op(B) in blocks of shape.kc depth x shape.nr columns, the loop the AVX2 and AVX-512
-// families share: fill_panel(n0, nvalid, k0, kc, panel) writes a block's fp32 panel (into
-// `panel`, shape.kc x shape.nr floats), and `tile` runs over every row of A against it.
+// families share: for each depth block and each group of rows (row_group_rows),
+// fill_panel(n0, nvalid, k0, kc, panel) writes a block's fp32 panel (into `panel`, shape.kc x
+// shape.nr floats), and `tile` runs over the group's rows of A against it.
 // source(n0, nvalid, k0, kc) says where a block's weights are, so that the block kPrefetchAhead
-// ahead is requested a few lines per row tile while the tile works: the tile is bound by
-// arithmetic, the weights stream from memory, and without the request each panel fill waits on its
-// loads. Every C element stays one chain over k in order, whatever the blocking.
+// ahead (in the order the panels are filled) is requested a few lines per row tile while the tile
+// works: the tile is bound by arithmetic, the weights stream from memory, and without the request
+// each panel fill waits on its loads. Every C element stays one chain over k in order, whatever
+// the blocking.
 template <class FillPanel, class Source>
 inline void blocked_product(const TileShape& shape, TileKernel tile, float* panel, const float* a, std::int64_t lda,
                             std::int64_t m, std::int64_t n, std::int64_t k, float* c, std::int64_t ldc,
@@ -210,26 +230,33 @@ inline void blocked_product(const TileShape& shape, TileKernel tile, float* pane
         for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
     return;
   }
-  const std::int64_t tiles = (m + shape.mr - 1) / shape.mr, panels = (n + shape.nr - 1) / shape.nr;
+  const std::int64_t panels = (n + shape.nr - 1) / shape.nr;
+  const std::int64_t group = row_group_rows(shape, m, std::min(k, shape.kc));
+  const std::int64_t groups = (m + group - 1) / group;
   PanelPrefetcher prefetch;
   for (std::int64_t k0 = 0; k0 < k; k0 += shape.kc) {
     const std::int64_t kc = k - k0 < shape.kc ? k - k0 : shape.kc;
     const bool load_c = accumulate || k0 > 0;
-    for (std::int64_t n0 = 0; n0 < n; n0 += shape.nr) {
-      const std::int64_t nvalid = n - n0 < shape.nr ? n - n0 : shape.nr;
-      fill_panel(n0, nvalid, k0, kc, panel);
-      const std::int64_t ahead = n0 / shape.nr + kPrefetchAhead;
-      const std::int64_t next_n0 = (ahead % panels) * shape.nr, next_k0 = k0 + (ahead / panels) * shape.kc;
-      if (next_k0 < k) {
-        const std::int64_t next_kc = k - next_k0 < shape.kc ? k - next_k0 : shape.kc;
-        prefetch.start(source(next_n0, n - next_n0 < shape.nr ? n - next_n0 : shape.nr, next_k0, next_kc), tiles);
-      } else {
-        prefetch.start(PanelSource{}, tiles);
-      }
-      for (std::int64_t m0 = 0; m0 < m; m0 += shape.mr) {
-        const std::int64_t rows = m - m0 < shape.mr ? m - m0 : shape.mr;
-        prefetch.step();
-        tile(rows, a + m0 * lda + k0, lda, panel, kc, c + m0 * ldc + n0, ldc, load_c, nvalid);
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::int64_t g0 = g * group, g1 = std::min(m, g0 + group);
+      const std::int64_t tiles = (g1 - g0 + shape.mr - 1) / shape.mr;
+      for (std::int64_t n0 = 0; n0 < n; n0 += shape.nr) {
+        const std::int64_t nvalid = n - n0 < shape.nr ? n - n0 : shape.nr;
+        fill_panel(n0, nvalid, k0, kc, panel);
+        // The panel filled kPrefetchAhead fills from now: panels run fastest, then groups, then depth.
+        const std::int64_t ahead = (k0 / shape.kc * groups + g) * panels + n0 / shape.nr + kPrefetchAhead;
+        const std::int64_t next_n0 = (ahead % panels) * shape.nr, next_k0 = ahead / (panels * groups) * shape.kc;
+        if (next_k0 < k) {
+          const std::int64_t next_kc = k - next_k0 < shape.kc ? k - next_k0 : shape.kc;
+          prefetch.start(source(next_n0, n - next_n0 < shape.nr ? n - next_n0 : shape.nr, next_k0, next_kc), tiles);
+        } else {
+          prefetch.start(PanelSource{}, tiles);
+        }
+        for (std::int64_t m0 = g0; m0 < g1; m0 += shape.mr) {
+          const std::int64_t rows = g1 - m0 < shape.mr ? g1 - m0 : shape.mr;
+          prefetch.step();
+          tile(rows, a + m0 * lda + k0, lda, panel, kc, c + m0 * ldc + n0, ldc, load_c, nvalid);
+        }
       }
     }
   }
