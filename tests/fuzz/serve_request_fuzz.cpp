@@ -4,7 +4,8 @@
 // rest is the body. Parsing must end in a request or an ApiError (anything else would reach the
 // client as a 500); a chat request must then render and tokenize, or fail with an Error. The
 // bytes also drive the streaming text assembler with the request's stop sequences and max_tokens:
-// the deltas of an answer streamed canvas by canvas must add up to the answer given at once.
+// the deltas of an answer streamed canvas by canvas must add up to the answer given at once. The
+// same body also goes to the /tokenize and /detokenize parsers, under the same rule.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -46,6 +47,34 @@ std::string assemble(const std::vector<std::int32_t>& ids, std::size_t canvas, c
   return streamed;
 }
 
+// /tokenize and /detokenize: a request or a 4xx ApiError; a tokenize request's text must encode.
+void utility_endpoints(const std::string& body, const dgemma::serve::ApiLimits& limits) {
+  const auto client_fault = [](const dgemma::serve::ApiError& e) {
+    if (e.status() < 400 || e.status() > 499) std::abort();
+    (void)dgemma::serve::dump_json(e.body());
+  };
+  try {
+    const auto t = dgemma::serve::parse_tokenize_request(body, limits);
+    try {
+      if (t.chat) {
+        std::vector<diffusion_gemma::io::ChatMessage> messages;
+        for (const auto& m : t.messages) messages.push_back({m.role, m.content});
+        (void)diffusion_gemma::io::encode_chat(tokenizer(), messages);
+      } else {
+        (void)tokenizer().encode(t.text, t.add_special);
+      }
+    } catch (const diffusion_gemma::Error&) {
+    }
+  } catch (const dgemma::serve::ApiError& e) {
+    client_fault(e);
+  }
+  try {
+    (void)dgemma::serve::parse_detokenize_request(body, limits);
+  } catch (const dgemma::serve::ApiError& e) {
+    client_fault(e);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -57,6 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   limits.strict = (data[0] & 2) != 0;
   const bool chat = (data[0] & 1) != 0;
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
+  utility_endpoints(body, limits);
   dgemma::serve::GenerationRequest r;
   try {
     r = chat ? dgemma::serve::parse_chat_request(body, limits) : dgemma::serve::parse_completion_request(body, limits);

@@ -132,6 +132,46 @@ void contract(int port) {
   const std::string text = cj["choices"][0]["text"].get<std::string>();
   CHECK(!text.empty() && full.compare(0, text.size(), text) == 0, "'" + text + "' is not a prefix of '" + full + "'");
 
+  // /tokenize and /detokenize, in vLLM's and llama.cpp's shapes: the ids the generation endpoints run.
+  {
+    const std::string sort_prompt = "Sort ascending: 93 44 60 89 20";
+    auto tok = post(port, "/tokenize", R"({"model":")" + kModelId + R"(","prompt":")" + sort_prompt + "\"}");
+    CHECK(tok.status == 200, tok.body);
+    const json t = json::parse(tok.body);
+    CHECK(t["count"] == t["tokens"].size() && t["max_model_len"] == 512 && t["tokens"][0] == 2, tok.body);
+    // Those ids as the prompt: the same completion as the text, with as many prompt tokens.
+    auto by_ids = post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":)" + t["tokens"].dump() +
+                                                    R"(,"seed":3,"max_tokens":20})");
+    CHECK(by_ids.status == 200 && json::parse(by_ids.body)["choices"][0]["text"] == cj["choices"][0]["text"] &&
+              json::parse(by_ids.body)["usage"]["prompt_tokens"] == t["count"] && cj["usage"]["prompt_tokens"] == t["count"],
+          by_ids.body + " vs " + comp.body);
+    // llama.cpp's "content": no <bos> unless add_special asks for it.
+    auto plain = post(port, "/tokenize", R"({"content":")" + sort_prompt + "\"}");
+    json rest = t["tokens"];
+    rest.erase(rest.begin());
+    CHECK(plain.status == 200 && json::parse(plain.body)["tokens"] == rest, plain.body);
+    auto special = post(port, "/tokenize", R"({"content":")" + sort_prompt + R"(","add_special":true})");
+    CHECK(special.status == 200 && json::parse(special.body)["tokens"] == t["tokens"], special.body);
+    auto pieces = post(port, "/tokenize", R"({"content":"Add","with_pieces":true})");
+    CHECK(pieces.status == 200 && json::parse(pieces.body)["tokens"][0]["piece"] == "Add", pieces.body);
+    // A conversation: as many ids as the chat completion's prompt_tokens.
+    auto conv = post(port, "/tokenize", R"({"messages":[{"role":"user","content":"Add: 417 + 385"}]})");
+    CHECK(conv.status == 200 && json::parse(conv.body)["count"] == c["usage"]["prompt_tokens"], conv.body);
+    // Back to text, special tokens included, under both dialects' keys.
+    auto detok = post(port, "/detokenize", R"({"tokens":)" + t["tokens"].dump() + "}");
+    CHECK(detok.status == 200 && json::parse(detok.body)["prompt"] == "<bos>" + sort_prompt &&
+              json::parse(detok.body)["content"] == "<bos>" + sort_prompt,
+          detok.body);
+    expect_error(post(port, "/detokenize", R"({"tokens":[2,17,576]})"), 400, "tokens[2]", "invalid_value",
+                 "an id outside the vocabulary");
+    expect_error(post(port, "/detokenize", R"({"tokens":"2"})"), 400, "tokens", "invalid_type", "tokens not an array");
+    expect_error(post(port, "/tokenize", R"({"prompt":"a","content":"b"})"), 400, "content", "invalid_value",
+                 "two forms of input");
+    expect_error(post(port, "/tokenize", "{}"), 400, "prompt", "missing_parameter", "no input");
+    expect_error(post(port, "/tokenize", R"({"prompt":"a","model":"other"})"), 404, "model", "model_not_found",
+                 "another model on /tokenize");
+  }
+
   // Streaming: role first, one chunk per canvas, content equal to the whole answer, usage last, [DONE].
   auto st = post(port, "/v1/chat/completions", chat_body("Add: 417 + 385", R"(,"seed":7,"stream":true,"stream_options":{"include_usage":true})"));
   CHECK(st.status == 200 && st.done, st.body);
@@ -444,6 +484,8 @@ void api_key_and_overload(const std::string& key) {
   }
   expect_error(post(port, "/v1/chat/completions", chat_body("hi"), "wrong"), 401, "", "invalid_api_key", "wrong API key");
   expect_error(get(port, "/v1/models", "wrong"), 401, "", "invalid_api_key", "wrong API key on /v1/models");
+  expect_error(post(port, "/tokenize", R"({"prompt":"a"})"), 401, "", "invalid_api_key", "no API key on /tokenize");
+  CHECK(post(port, "/detokenize", R"({"tokens":[2]})", key).status == 200, "/detokenize with the key");
   CHECK(get(port, "/health").status == 200, "/health needs no key");
   auto ok = post(port, "/v1/chat/completions", chat_body("Add: 417 + 385"), key);
   CHECK(ok.status == 200, ok.body);

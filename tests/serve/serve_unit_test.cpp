@@ -286,3 +286,67 @@ TEST_CASE("serve: what clients send by default is accepted; what cannot be honou
   CHECK(status_of(R"({"model":"m","messages":[{"role":"tool","tool_call_id":"a","content":"x"}]})", &p) == 400);
   CHECK(p == "messages[0].role");
 }
+
+TEST_CASE("serve: /tokenize and /detokenize bodies in vLLM's and llama.cpp's shapes", "[serve]") {
+  const auto tokenize_status = [](const std::string& body, std::string* param = nullptr, bool strict = false) {
+    try {
+      parse_tokenize_request(body, limits(strict));
+    } catch (const ApiError& e) {
+      if (param) *param = e.param();
+      return e.status();
+    }
+    return 200;
+  };
+  // vLLM's "prompt" adds <bos> by default, llama.cpp's "content" does not; either flag overrides.
+  CHECK(parse_tokenize_request(R"({"prompt":"hi"})", limits()).add_special);
+  CHECK_FALSE(parse_tokenize_request(R"({"content":"hi"})", limits()).add_special);
+  CHECK_FALSE(parse_tokenize_request(R"({"prompt":"hi","add_special_tokens":false})", limits()).add_special);
+  CHECK(parse_tokenize_request(R"({"content":"hi","add_special":true})", limits()).add_special);
+  const TokenizeRequest conv =
+      parse_tokenize_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"add_special_tokens":true})", limits());
+  CHECK(conv.chat);
+  REQUIRE(conv.messages.size() == 1);
+  CHECK(conv.messages[0].content == "hi");
+  CHECK(conv.ignored == std::vector<std::string>{"add_special_tokens"});  // the chat format writes its own <bos>
+  CHECK(parse_tokenize_request(R"({"content":"a","with_pieces":true})", limits()).with_pieces);
+  CHECK(parse_tokenize_request(R"({"prompt":"a","return_token_strs":true})", limits()).return_token_strs);
+
+  std::string p;
+  CHECK(tokenize_status("{}", &p) == 400);
+  CHECK(p == "prompt");
+  CHECK(tokenize_status(R"({"prompt":"a","messages":[]})", &p) == 400);
+  CHECK(p == "messages");
+  CHECK(tokenize_status(R"({"prompt":["a"]})", &p) == 400);
+  CHECK(p == "prompt");
+  CHECK(tokenize_status(R"({"content":"a","with_pieces":"yes"})", &p) == 400);
+  CHECK(p == "with_pieces");
+  CHECK(tokenize_status(R"({"messages":[{"role":"tool","content":"a"}]})", &p) == 400);
+  CHECK(p == "messages[0].role");
+  CHECK(tokenize_status(R"({"messages":[{"role":"user","content":"a"}],"add_generation_prompt":false})", &p) == 400);
+  CHECK(p == "add_generation_prompt");
+  CHECK(tokenize_status(R"({"content":"a","parse_special":false})", &p) == 400);
+  CHECK(p == "parse_special");
+  CHECK(tokenize_status(R"({"prompt":"a","model":"x"})", &p) == 404);
+  CHECK(p == "model");
+  CHECK(tokenize_status("[1]") == 400);
+  CHECK(parse_tokenize_request(R"({"prompt":"a","n_probs":3})", limits()).ignored == std::vector<std::string>{"n_probs"});
+  CHECK(tokenize_status(R"({"prompt":"a","n_probs":3})", &p, true) == 400);
+  CHECK(p == "n_probs");
+
+  CHECK(parse_detokenize_request(R"({"tokens":[2,17,5]})", limits()).tokens == std::vector<std::int64_t>{2, 17, 5});
+  CHECK(parse_detokenize_request(R"({"tokens":[]})", limits()).tokens.empty());
+  const auto detokenize_param = [](const std::string& body) {
+    try {
+      parse_detokenize_request(body, limits());
+    } catch (const ApiError& e) {
+      return e.param();
+    }
+    return std::string("(accepted)");
+  };
+  CHECK(detokenize_param("{}") == "tokens");
+  CHECK(detokenize_param(R"({"tokens":[1,-1]})") == "tokens[1]");
+  CHECK(detokenize_param(R"({"tokens":[1,2.5]})") == "tokens[1]");
+  CHECK(detokenize_param(R"({"tokens":[1,4294967296]})") == "tokens[1]");
+  CHECK(detokenize_param(R"({"tokens":{"a":1}})") == "tokens");
+  CHECK(detokenize_param(R"({"tokens":[1],"model":"x"})") == "model");
+}

@@ -314,9 +314,7 @@ inline void parse_extension(const json& v, const ApiLimits& limits, GenerationRe
   if (r.stream_drafts && !r.stream) bad_value("dgemma.stream_drafts", "needs \"stream\": true");
 }
 
-// Fields both endpoints share.
-inline json parse_common(const std::string& body, const ApiLimits& limits, const std::set<std::string>& own,
-                         GenerationRequest& r) {
+inline json parse_object(const std::string& body) {
   json j;
   try {
     j = json::parse(body);
@@ -324,6 +322,18 @@ inline json parse_common(const std::string& body, const ApiLimits& limits, const
     throw ApiError(400, std::string("the body is not valid JSON: ") + e.what(), "", "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, std::string("the body must be a JSON object (got ") + type_name(j) + ")", "", "invalid_json");
+  return j;
+}
+
+[[noreturn]] inline void wrong_model(const std::string& model, const ApiLimits& limits) {
+  throw ApiError(404, "the model '" + model + "' does not exist; this server serves '" + limits.model_id + "'", "model",
+                 "model_not_found");
+}
+
+// Fields both endpoints share.
+inline json parse_common(const std::string& body, const ApiLimits& limits, const std::set<std::string>& own,
+                         GenerationRequest& r) {
+  json j = parse_object(body);
   static const std::set<std::string> sampling = {"temperature", "top_p", "presence_penalty", "frequency_penalty",
                                                  "logit_bias", "top_k", "min_p", "repetition_penalty"};
   static const std::set<std::string> shape = {"n", "logprobs", "top_logprobs"};
@@ -342,10 +352,7 @@ inline json parse_common(const std::string& body, const ApiLimits& limits, const
   }
   if (!j.contains("model") || j["model"].is_null()) throw ApiError(400, "'model' is required", "model", "missing_parameter");
   const std::string model = get_string(j["model"], "model");
-  if (model != limits.model_id) {
-    throw ApiError(404, "the model '" + model + "' does not exist; this server serves '" + limits.model_id + "'", "model",
-                   "model_not_found");
-  }
+  if (model != limits.model_id) wrong_model(model, limits);
   for (const auto& k : sampling) {
     if (j.contains(k)) check_sampling(j, k, limits, r);
   }
@@ -400,6 +407,60 @@ inline json parse_common(const std::string& body, const ApiLimits& limits, const
   return j;
 }
 
+// OpenAI's `messages`: roles, content as a string or text parts, the extra fields of an assistant
+// message handed back as the SDK returned it.
+inline std::vector<Message> parse_messages(const json& m, const ApiLimits& limits, std::vector<std::string>& ignored) {
+  std::vector<Message> out;
+  if (!m.is_array()) bad_type("messages", "an array", m);
+  if (m.empty()) bad_value("messages", "must contain at least one message");
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    if (!m[i].is_object()) bad_type(p, "an object", m[i]);
+    Message msg;
+    if (!m[i].contains("role")) throw ApiError(400, "'" + p + ".role' is required", p + ".role", "missing_parameter");
+    msg.role = get_string(m[i]["role"], p + ".role");
+    if (msg.role == "tool" || msg.role == "function") {
+      bad_value(p + ".role", "'" + msg.role + "' is not supported: this server has no tool calling");
+    }
+    const bool system = msg.role == "system" || msg.role == "developer";
+    if (msg.role != "user" && msg.role != "assistant" && !system) {
+      bad_value(p + ".role", "must be system, developer, user or assistant (got '" + msg.role + "')");
+    }
+    for (auto it = m[i].begin(); it != m[i].end(); ++it) {
+      const std::string& k = it.key();
+      const json& v = it.value();
+      const std::string q = p + "." + k;
+      if (k == "role") {
+        continue;
+      } else if (k == "content") {
+        if (!v.is_null()) msg.content = get_content(v, q, limits.strict, ignored);
+      } else if (k == "name" || k == "refusal" || k == "reasoning_content" || k == "reasoning") {
+        // accepted, not rendered: an assistant message handed back as the SDK returned it carries these
+        if (!v.is_null()) (void)get_string(v, q);
+      } else if (k == "annotations" || k == "audio" || k == "function_call" || k == "tool_calls") {
+        // the other fields of a returned assistant message, null or empty when no tool or audio ran
+        if (!(v.is_null() || ((v.is_array() || v.is_object()) && v.empty()))) {
+          bad_value(q, k == "audio" ? "is not supported: this model reads text only"
+                                    : "is not supported: this server has no tool calling");
+        }
+      } else if (limits.strict) {
+        throw ApiError(400, "unknown field '" + q + "'", q, "unknown_parameter");
+      } else {
+        ignored.push_back(q);
+      }
+    }
+    if (system && i != 0) bad_value(p + ".role", "'" + msg.role + "' is only allowed as the first message");
+    // Only an assistant turn may come without content (OpenAI's rule: one that made tool calls);
+    // an empty user or system turn is a client's mistake, not a prompt.
+    if (msg.role != "assistant" && (!m[i].contains("content") || m[i]["content"].is_null())) {
+      throw ApiError(400, "'" + p + ".content' is required for a " + msg.role + " message", p + ".content",
+                     "missing_parameter");
+    }
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
 }  // namespace detail
 
 inline GenerationRequest parse_chat_request(const std::string& body, const ApiLimits& limits) {
@@ -411,54 +472,7 @@ inline GenerationRequest parse_chat_request(const std::string& body, const ApiLi
   if (!j.contains("messages") || j["messages"].is_null()) {
     throw ApiError(400, "'messages' is required", "messages", "missing_parameter");
   }
-  const json& m = j["messages"];
-  if (!m.is_array()) detail::bad_type("messages", "an array", m);
-  if (m.empty()) detail::bad_value("messages", "must contain at least one message");
-  for (std::size_t i = 0; i < m.size(); ++i) {
-    const std::string p = "messages[" + std::to_string(i) + "]";
-    if (!m[i].is_object()) detail::bad_type(p, "an object", m[i]);
-    Message msg;
-    if (!m[i].contains("role")) throw ApiError(400, "'" + p + ".role' is required", p + ".role", "missing_parameter");
-    msg.role = detail::get_string(m[i]["role"], p + ".role");
-    if (msg.role == "tool" || msg.role == "function") {
-      detail::bad_value(p + ".role", "'" + msg.role + "' is not supported: this server has no tool calling");
-    }
-    const bool system = msg.role == "system" || msg.role == "developer";
-    if (msg.role != "user" && msg.role != "assistant" && !system) {
-      detail::bad_value(p + ".role", "must be system, developer, user or assistant (got '" + msg.role + "')");
-    }
-    for (auto it = m[i].begin(); it != m[i].end(); ++it) {
-      const std::string& k = it.key();
-      const json& v = it.value();
-      const std::string q = p + "." + k;
-      if (k == "role") {
-        continue;
-      } else if (k == "content") {
-        if (!v.is_null()) msg.content = detail::get_content(v, q, limits.strict, r.ignored);
-      } else if (k == "name" || k == "refusal" || k == "reasoning_content" || k == "reasoning") {
-        // accepted, not rendered: an assistant message handed back as the SDK returned it carries these
-        if (!v.is_null()) (void)detail::get_string(v, q);
-      } else if (k == "annotations" || k == "audio" || k == "function_call" || k == "tool_calls") {
-        // the other fields of a returned assistant message, null or empty when no tool or audio ran
-        if (!(v.is_null() || ((v.is_array() || v.is_object()) && v.empty()))) {
-          detail::bad_value(q, k == "audio" ? "is not supported: this model reads text only"
-                                            : "is not supported: this server has no tool calling");
-        }
-      } else if (limits.strict) {
-        throw ApiError(400, "unknown field '" + q + "'", q, "unknown_parameter");
-      } else {
-        r.ignored.push_back(q);
-      }
-    }
-    if (system && i != 0) detail::bad_value(p + ".role", "'" + msg.role + "' is only allowed as the first message");
-    // Only an assistant turn may come without content (OpenAI's rule: one that made tool calls);
-    // an empty user or system turn is a client's mistake, not a prompt.
-    if (msg.role != "assistant" && (!m[i].contains("content") || m[i]["content"].is_null())) {
-      throw ApiError(400, "'" + p + ".content' is required for a " + msg.role + " message", p + ".content",
-                     "missing_parameter");
-    }
-    r.messages.push_back(std::move(msg));
-  }
+  r.messages = detail::parse_messages(j["messages"], limits, r.ignored);
   return r;
 }
 
@@ -497,6 +511,113 @@ inline GenerationRequest parse_completion_request(const std::string& body, const
   if (r.prompts.size() * static_cast<std::size_t>(r.n) > limits.max_prompts) {
     detail::bad_value("n", std::to_string(r.prompts.size()) + " prompts x n " + std::to_string(r.n) + " choices exceed " +
                                std::to_string(limits.max_prompts) + " per request");
+  }
+  return r;
+}
+
+// POST /tokenize, in vLLM's and llama.cpp's shapes: text (vLLM's "prompt" or llama.cpp's
+// "content") or a conversation ("messages") to the token ids the generation endpoints would run.
+struct TokenizeRequest {
+  bool chat = false;
+  std::vector<Message> messages;
+  std::string text;
+  // <bos> first, as /v1/completions always does. Defaults follow the client's dialect: true for
+  // "prompt" (vLLM's add_special_tokens), false for "content" (llama.cpp's add_special). A
+  // conversation is rendered by the chat format, which writes its own <bos>.
+  bool add_special = true;
+  bool with_pieces = false;       // llama.cpp: tokens as {"id", "piece"}
+  bool return_token_strs = false;  // vLLM: "token_strs", the vocabulary's strings
+  std::vector<std::string> ignored;
+};
+
+// POST /detokenize: token ids to text, special tokens included (as vLLM and llama.cpp decode).
+struct DetokenizeRequest {
+  std::vector<std::int64_t> tokens;
+  std::vector<std::string> ignored;
+};
+
+namespace detail {
+
+// "model" is optional on these endpoints (vLLM and llama.cpp do not require it); given, it must
+// name the served model. Unknown fields are ignored and named, or refused under --strict.
+inline void check_utility_fields(const json& j, const std::set<std::string>& known, const ApiLimits& limits,
+                                 std::vector<std::string>& ignored) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (known.count(it.key())) continue;
+    if (limits.strict) throw ApiError(400, "unknown field '" + it.key() + "'", it.key(), "unknown_parameter");
+    ignored.push_back(it.key());
+  }
+  if (j.contains("model") && !j["model"].is_null()) {
+    const std::string model = get_string(j["model"], "model");
+    if (model != limits.model_id) wrong_model(model, limits);
+  }
+}
+
+inline bool get_flag(const json& j, const char* key, bool fallback) {
+  return j.contains(key) && !j[key].is_null() ? get_bool(j[key], key) : fallback;
+}
+
+}  // namespace detail
+
+inline TokenizeRequest parse_tokenize_request(const std::string& body, const ApiLimits& limits) {
+  TokenizeRequest r;
+  const json j = detail::parse_object(body);
+  static const std::set<std::string> known = {"model", "prompt", "content", "messages", "add_special_tokens",
+                                              "add_special", "with_pieces", "return_token_strs", "parse_special",
+                                              "add_generation_prompt", "continue_final_message"};
+  detail::check_utility_fields(j, known, limits, r.ignored);
+  std::vector<const char*> given;
+  for (const char* k : {"prompt", "content", "messages"}) {
+    if (j.contains(k) && !j[k].is_null()) given.push_back(k);
+  }
+  if (given.size() != 1) {
+    throw ApiError(400, given.empty() ? "one of 'prompt', 'content' or 'messages' is required"
+                                      : std::string("give only one of 'prompt', 'content' and 'messages' (got '") +
+                                            given[0] + "' and '" + given[1] + "')",
+                   given.empty() ? "prompt" : given[1], given.empty() ? "missing_parameter" : "invalid_value");
+  }
+  const std::string form = given[0];
+  if (form == "messages") {
+    r.chat = true;
+    r.messages = detail::parse_messages(j["messages"], limits, r.ignored);
+    // The chat format always ends with the model's turn opened, as /v1/chat/completions runs it.
+    if (!detail::get_flag(j, "add_generation_prompt", true)) {
+      detail::bad_value("add_generation_prompt", "must be true: conversations are rendered as /v1/chat/completions runs them");
+    }
+    if (detail::get_flag(j, "continue_final_message", false)) {
+      detail::bad_value("continue_final_message", "must be false: conversations are rendered as /v1/chat/completions runs them");
+    }
+  } else {
+    r.text = detail::get_string(j[form], form);
+  }
+  r.add_special = form == "prompt";
+  for (const char* k : {"add_special_tokens", "add_special"}) {
+    if (!j.contains(k) || j[k].is_null()) continue;
+    const bool v = detail::get_bool(j[k], k);
+    if (r.chat) {
+      // The rendering starts with <bos> whatever is asked; a request for a second one is named.
+      if (v) r.ignored.push_back(k);
+    } else {
+      r.add_special = v;
+    }
+  }
+  if (!detail::get_flag(j, "parse_special", true)) {
+    detail::bad_value("parse_special", "must be true: special tokens written in the text are always read as such");
+  }
+  r.with_pieces = detail::get_flag(j, "with_pieces", false);
+  r.return_token_strs = detail::get_flag(j, "return_token_strs", false);
+  return r;
+}
+
+inline DetokenizeRequest parse_detokenize_request(const std::string& body, const ApiLimits& limits) {
+  DetokenizeRequest r;
+  const json j = detail::parse_object(body);
+  detail::check_utility_fields(j, {"model", "tokens"}, limits, r.ignored);
+  if (!j.contains("tokens") || j["tokens"].is_null()) throw ApiError(400, "'tokens' is required", "tokens", "missing_parameter");
+  const json& t = j["tokens"];
+  if (!t.is_array()) detail::bad_type("tokens", "an array of token ids", t);
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    r.tokens.push_back(detail::get_int(t[i], "tokens[" + std::to_string(i) + "]", 0, INT32_MAX));
   }
   return r;
 }

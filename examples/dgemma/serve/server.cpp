@@ -87,7 +87,8 @@ bool same_secret(const std::string& a, const std::string& b) {
 
 // A metrics label for a path: the routes served, or "other" (unknown paths must not grow the label set).
 std::string endpoint_label(const std::string& path) {
-  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}) {
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
+                        "/detokenize"}) {
     if (path == p) return p;
   }
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
@@ -115,7 +116,9 @@ std::string bearer_token(const std::string& authorization) {
 
 // The routes and the methods each answers, for 405's Allow header and CORS preflights.
 const char* allowed_methods(const std::string& path) {
-  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST, OPTIONS";
+  if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/tokenize" || path == "/detokenize") {
+    return "POST, OPTIONS";
+  }
   const bool model_path = path.size() > 11 && path.rfind("/v1/models/", 0) == 0;  // "/v1/models/{id}", id not empty
   if (path == "/v1/models" || model_path || path == "/health" || path == "/metrics") {
     return "GET, HEAD, OPTIONS";
@@ -311,7 +314,7 @@ class Server {
         return R::Handled;
       }
       // /health and /metrics stay open for load balancers and scrapers; the API needs the key.
-      if (!config_.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
+      if (!config_.api_key.empty() && (req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize")) {
         const std::string auth = req.get_header_value("Authorization");
         if (!same_secret(bearer_token(auth), config_.api_key)) {
           send_error(res, ApiError(401, auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'" : "invalid API key",
@@ -412,8 +415,8 @@ class Server {
     });
     // The body is read here rather than by the library, so that --max-body-bytes bounds chunked
     // bodies too (the library checks only a Content-Length).
-    const auto post = [this](bool chat) {
-      return [this, chat](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& read) {
+    const auto post = [this](void (Server::*handle)(const std::string&, httplib::Response&)) {
+      return [this, handle](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& read) {
         std::string body;
         bool too_large = false;
         std::size_t received = 0;
@@ -442,11 +445,88 @@ class Server {
                                         "compression, or the client stopped sending)", "", "bad_request"));
           return;
         }
-        generation(body, res, chat);
+        (this->*handle)(body, res);
       };
     };
-    http_.Post("/v1/chat/completions", post(true));
-    http_.Post("/v1/completions", post(false));
+    http_.Post("/v1/chat/completions", post(&Server::chat_completion));
+    http_.Post("/v1/completions", post(&Server::completion));
+    http_.Post("/tokenize", post(&Server::tokenize));
+    http_.Post("/detokenize", post(&Server::detokenize));
+  }
+
+  void chat_completion(const std::string& body, httplib::Response& res) { generation(body, res, true); }
+  void completion(const std::string& body, httplib::Response& res) { generation(body, res, false); }
+
+  // vLLM's and llama.cpp's /tokenize: the ids the generation endpoints would run for this text or
+  // conversation (the same tokenization code), with vLLM's count and max_model_len.
+  void tokenize(const std::string& body, httplib::Response& res) {
+    try {
+      const serve::TokenizeRequest r = serve::parse_tokenize_request(body, api_);
+      std::vector<int> ids;
+      if (r.chat) {
+        std::vector<dg::io::ChatMessage> msgs;
+        for (const auto& m : r.messages) msgs.push_back({m.role, m.content});
+        ids = dg::io::encode_chat(*tok_, msgs, dg::io::ChatOptions{});
+      } else {
+        ids = tok_->encode(r.text, r.add_special);
+        const int bos = model_->config().bos_token_id;
+        if (r.add_special && (ids.empty() || ids[0] != bos)) ids.insert(ids.begin(), bos);  // as /v1/completions
+      }
+      json tokens = json::array();
+      for (int id : ids) {
+        if (!r.with_pieces) {
+          tokens.push_back(id);
+          continue;
+        }
+        // llama.cpp's piece: the token's text, or its byte when a byte token is not UTF-8 alone.
+        const std::string name = tok_->id_to_token(id);
+        unsigned byte = 0;
+        if (name.size() == 6 && name.compare(0, 3, "<0x") == 0 && name[5] == '>' &&
+            std::sscanf(name.c_str() + 3, "%2x", &byte) == 1 && byte >= 0x80) {
+          tokens.push_back(json{{"id", id}, {"piece", json::array({byte})}});
+        } else {
+          tokens.push_back(json{{"id", id}, {"piece", tok_->decode(std::vector<int>{id}, false)}});
+        }
+      }
+      json out{{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", model_->config().max_position_embeddings}};
+      if (r.return_token_strs) {
+        json strs = json::array();
+        for (int id : ids) strs.push_back(tok_->id_to_token(id));
+        out["token_strs"] = strs;
+      }
+      set_ignored_header(res, r.ignored);
+      res.set_content(serve::dump_json(out), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  // vLLM's and llama.cpp's /detokenize: the text of the ids, special tokens included; the text is
+  // under both dialects' keys ("prompt" for vLLM, "content" for llama.cpp).
+  void detokenize(const std::string& body, httplib::Response& res) {
+    try {
+      const serve::DetokenizeRequest r = serve::parse_detokenize_request(body, api_);
+      std::vector<int> ids;
+      for (std::size_t i = 0; i < r.tokens.size(); ++i) {
+        const std::int64_t id = r.tokens[i];
+        const std::string where = "tokens[" + std::to_string(i) + "]";
+        if (id >= model_->config().vocab_size) {
+          throw ApiError(400, "'" + where + "' is token id " + std::to_string(id) + ", outside the vocabulary [0, " +
+                                  std::to_string(model_->config().vocab_size) + ")",
+                         where, "invalid_value");
+        }
+        if (!tok_->has_id(static_cast<int>(id))) {
+          throw ApiError(400, "'" + where + "' is token id " + std::to_string(id) + ", which tokenizer.json has no text for",
+                         where, "invalid_value");
+        }
+        ids.push_back(static_cast<int>(id));
+      }
+      const std::string text = tok_->decode(ids, false);
+      set_ignored_header(res, r.ignored);
+      res.set_content(serve::dump_json(json{{"prompt", text}, {"content", text}}), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
   }
 
   ApiError body_too_large() const {
@@ -645,27 +725,7 @@ class Server {
     }
     // The seed the answer came from (drawn for "seed": -1), and the fields accepted without effect.
     res.set_header("X-Dgemma-Seed", std::to_string(job->request.seed));
-    if (!job->request.ignored.empty()) {
-      // Bounded: proxies refuse responses whose headers pass a few KiB (nginx's default buffer is
-      // 4 KiB), and a request may carry thousands of unknown fields.
-      constexpr std::size_t kMaxIgnoredHeader = 1024;
-      std::string names;
-      std::size_t listed = 0;
-      for (const auto& k : job->request.ignored) {
-        if (names.size() + k.size() + 2 > kMaxIgnoredHeader) break;
-        std::string shown = k;  // a header value cannot carry control characters (CR/LF would drop it)
-        for (char& c : shown) {
-          if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-        }
-        names += (names.empty() ? "" : ", ") + shown;
-        ++listed;
-      }
-      if (listed < job->request.ignored.size()) {
-        names += (names.empty() ? "" : ", ") + std::string("... (") + std::to_string(job->request.ignored.size() - listed) +
-                 " more)";
-      }
-      res.set_header("X-Dgemma-Ignored", names);
-    }
+    set_ignored_header(res, job->request.ignored);
     if (job->request.stream) {
       res.set_header("Cache-Control", "no-cache");
       res.set_header("X-Accel-Buffering", "no");  // nginx: pass each chunk on at once
@@ -682,6 +742,30 @@ class Server {
       throw;
     }
     finish(*job);
+  }
+
+  // The fields accepted without effect, named in the X-Dgemma-Ignored response header.
+  static void set_ignored_header(httplib::Response& res, const std::vector<std::string>& ignored) {
+    if (ignored.empty()) return;
+    // Bounded: proxies refuse responses whose headers pass a few KiB (nginx's default buffer is
+    // 4 KiB), and a request may carry thousands of unknown fields.
+    constexpr std::size_t kMaxIgnoredHeader = 1024;
+    std::string names;
+    std::size_t listed = 0;
+    for (const auto& k : ignored) {
+      if (names.size() + k.size() + 2 > kMaxIgnoredHeader) break;
+      std::string shown = k;  // a header value cannot carry control characters (CR/LF would drop it)
+      for (char& c : shown) {
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+      }
+      names += (names.empty() ? "" : ", ") + shown;
+      ++listed;
+    }
+    if (listed < ignored.size()) {
+      names += (names.empty() ? "" : ", ") + std::string("... (") + std::to_string(ignored.size() - listed) +
+               " more)";
+    }
+    res.set_header("X-Dgemma-Ignored", names);
   }
 
   Batcher::RequestId submit(const std::vector<std::int32_t>& prompt, const Options& o,
