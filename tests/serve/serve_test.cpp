@@ -103,6 +103,7 @@ void contract(int port) {
   CHECK(health.status == 200 && json::parse(health.body)["status"] == "ok", health.body);
   auto models = get(port, "/v1/models");
   CHECK(models.status == 200 && json::parse(models.body)["data"][0]["id"] == kModelId, models.body);
+  CHECK(json::parse(models.body)["data"][0]["max_model_len"] == 512, models.body);  // max_position_embeddings
   expect_error(get(port, "/v1/models/other"), 404, "model", "model_not_found", "unknown model id");
 
   // A chat answer equals `dgemma generate --chat` with the same seed.

@@ -535,7 +535,12 @@ class Server {
   }
 
   json model_object() const {
-    return json{{"id", api_.model_id}, {"object", "model"}, {"created", created_}, {"owned_by", "dgemma"}};
+    // max_model_len as vLLM reports it: clients size prompts by it.
+    return json{{"id", api_.model_id},
+                {"object", "model"},
+                {"created", created_},
+                {"owned_by", "dgemma"},
+                {"max_model_len", model_->config().max_position_embeddings}};
   }
 
   // Text of ids; ids the tokenizer does not know show as <ID>.
