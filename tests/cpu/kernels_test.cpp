@@ -118,7 +118,7 @@ TEST_CASE("products with a weight match a double-precision oracle on every kerne
   };
   // Rows below and above the 4-row streaming kernel and the 6/12-row tiles; columns and depth cut
   // by every panel (16, 32), tile (16, 32) and depth block (256 fp32, 2048 bf16 on tiles) size;
-  // 301 rows at depth 600 run in three row groups (kernels::row_group_rows), the last one shorter.
+  // 301 rows at depth 600 run in two row groups (kernels::row_group_rows), the last one shorter.
   const Size sizes[] = {{1, 5, 7},     {2, 33, 48},   {4, 64, 128},    {5, 37, 300},   {13, 70, 257}, {37, 129, 512},
                         {16, 32, 64},  {9, 40, 1100}, {18, 33, 4200},  {98, 20, 600},  {301, 40, 600}};
   for (cpu::Isa isa : runnable_isas()) {
@@ -180,7 +180,7 @@ TEST_CASE("exact products: same bits on AVX2 and AVX-512 and at any thread count
     return;
   }
   std::mt19937 rng(99);
-  // 300 rows: row groups of 102 (AVX2's 6-row tiles) and 108 (AVX-512's 12), the same bits.
+  // 300 rows: row groups of 150 (AVX2's 6-row tiles) and 156 (AVX-512's 12), the same bits.
   for (const std::int64_t m : {40, 300}) {
     INFO("m " << m);
     const std::int64_t n = 300, k = 700;

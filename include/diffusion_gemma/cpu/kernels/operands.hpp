@@ -196,11 +196,11 @@ using TileKernel = void (*)(std::int64_t rows, const float* a, std::int64_t lda,
 
 // Rows of A one pass over the panels works on: a block of A (rows x kc floats) of at most this
 // many bytes stays in L2 while every panel of its depth block runs over it. Without the bound a
-// block of a long prompt (512 rows x 256 deep, 512 KiB) was read back from L3 for every panel: the
-// AVX2 product of 512 and 1024 rows ran at 71-90 GFLOP/s per thread against 100-104 in row groups
-// of 144 (forced to AVX2 on the AMX Xeon, k 2048, n 1024; docs/design.md), and a Zen 3 has only
-// 512 KiB of L2.
-constexpr std::int64_t kRowGroupBytes = 144 * 1024;
+// block of a long pass (1024 rows x 256 deep, 1 MiB) was read back from L3 for every panel: the
+// AVX2 product of 512 and 1024 rows ran at 71-90 GFLOP/s per thread against 100-109 in groups
+// (forced to AVX2 on the AMX Xeon, k 2048, n 1024; docs/design.md). Up to 256 rows at depth 256 stay
+// one group: the engine's passes (max_pass_tokens 256) measured the same either way.
+constexpr std::int64_t kRowGroupBytes = 256 * 1024;
 
 // Rows per group for m rows: groups of equal size (a multiple of the tile's rows), each at most
 // about kRowGroupBytes of A.
