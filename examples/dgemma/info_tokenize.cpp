@@ -82,8 +82,8 @@ int cmd_info(const std::vector<std::string>& args) {
           "memory a generation needs. config.json alone is enough (weight files are optional). Exits 1\n"
           "when weight files are present but do not match config.json (the summary is printed first).",
           {{"model", "DIR", "checkpoint directory (default: the bundled model)"},
-           {"prompt-tokens", "N", "prompt length for the memory estimate (default 1024)"},
-           {"max-new-tokens", "N", "new tokens for the memory estimate (default: generation_config.json)"},
+           {"prompt-tokens", "N", "prompt length for the memory estimate (default 1024, or the longest that fits)"},
+           {"max-new-tokens", "N", "new tokens for the memory estimate (default: generation_config.json, fitted)"},
            {"threads", "N", "CPU threads for the workspace estimate (default: all)"},
            {"json", "", "print JSON"}});
   if (!f.parse(args)) {
@@ -117,11 +117,27 @@ int cmd_info(const std::vector<std::string>& args) {
   const dg::DType config_dtype = c.dtype == dg::DType::kSentinel ? dg::DType::kBF16 : c.dtype;
   const double weight_bytes = has_weights ? stored : p.total * static_cast<double>(dg::dtype_size(config_dtype));
 
-  // A generation: prompt + whole canvases, the KV cache for all of it, the engine's workspace.
-  const std::int64_t prompt = f.integer("prompt-tokens", 1024, 1, c.max_position_embeddings);
-  const std::int64_t new_tokens = f.integer("max-new-tokens", g.max_new_tokens, 1, c.max_position_embeddings);
+  // A generation: prompt + whole canvases, the KV cache for all of it, the engine's workspace. The
+  // defaults fit max_position_embeddings (a 1024-token prompt where it leaves room for the new
+  // tokens, else the longest that does); values given that do not fit are refused, since no
+  // generation could need that memory.
   const std::int64_t C = c.is_diffusion() ? c.canvas_length : 1;
-  const std::int64_t capacity = prompt + (new_tokens + C - 1) / C * C;
+  const std::int64_t max_pos = c.max_position_embeddings;
+  const auto whole_canvases = [C](std::int64_t tokens) { return (tokens + C - 1) / C * C; };
+  const std::int64_t new_fit = std::max<std::int64_t>(C, (max_pos - 1) / C * C);  // leaves one prompt token
+  const std::int64_t new_tokens =
+      f.integer("max-new-tokens", std::min<std::int64_t>(g.max_new_tokens, new_fit), 1, max_pos);
+  const std::int64_t prompt =
+      f.integer("prompt-tokens", std::max<std::int64_t>(1, std::min<std::int64_t>(1024, max_pos - whole_canvases(new_tokens))),
+                1, max_pos);
+  if (prompt + whole_canvases(new_tokens) > max_pos) {
+    throw dg::Error(dg::StatusCode::kInvalidArgument,
+                    "a " + std::to_string(prompt) + "-token prompt + " + std::to_string(new_tokens) +
+                        " new tokens (" + std::to_string(whole_canvases(new_tokens)) +
+                        " positions in whole canvases) exceed max_position_embeddings " + std::to_string(max_pos) +
+                        "; lower --prompt-tokens or --max-new-tokens");
+  }
+  const std::int64_t capacity = prompt + whole_canvases(new_tokens);
   const int threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
   const double kv = static_cast<double>(dg::cpu::KvCache::bytes_for(c, capacity));
   const double request = static_cast<double>(

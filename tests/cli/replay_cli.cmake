@@ -170,6 +170,20 @@ execute_process(COMMAND ${DGEMMA} info --model ${FIXTURES}/dg_small OUTPUT_VARIA
 if(NOT rc EQUAL 0 OR NOT out MATCHES "cpu kernels +[a-z0-9]+, (fast|exact)" OR NOT out MATCHES "used in place")
   message(FATAL_ERROR "dgemma info: '${out}'")
 endif()
+# The estimate's defaults fit max_position_embeddings (256 here, with generation_config.json's 256
+# new tokens): a generation that could not run is not estimated, and asking for one is refused.
+execute_process(COMMAND ${DGEMMA} info --model ${FIXTURES}/dg_small --json OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+string(JSON prompt_tokens GET "${out}" generation_prompt_tokens)
+string(JSON new_tokens GET "${out}" generation_new_tokens)
+math(EXPR positions "${prompt_tokens} + ${new_tokens}")
+if(NOT rc EQUAL 0 OR prompt_tokens LESS 1 OR new_tokens LESS 1 OR positions GREATER 256)
+  message(FATAL_ERROR "dgemma info's default estimate does not fit max_position_embeddings 256: ${out}")
+endif()
+execute_process(COMMAND ${DGEMMA} info --model ${FIXTURES}/dg_small --prompt-tokens 200 --max-new-tokens 64
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(rc EQUAL 0 OR NOT err MATCHES "exceed max_position_embeddings 256")
+  message(FATAL_ERROR "dgemma info with 200 + 64 positions of 256: exit ${rc}, '${out}' '${err}'")
+endif()
 # Weights that do not match config.json: the summary is printed, the error named, and the exit is 1.
 set(mismatched ${CMAKE_CURRENT_BINARY_DIR}/mismatched)
 file(REMOVE_RECURSE ${mismatched})
