@@ -498,6 +498,8 @@ class Server {
       res.set_content(serve::dump_json(out), "application/json");
     } catch (const ApiError& e) {
       send_error(res, e);
+    } catch (const dg::Error& e) {  // the chat format's refusals, as the generation endpoints map them
+      send_error(res, submit_error(e));
     }
   }
 
