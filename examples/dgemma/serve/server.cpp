@@ -462,16 +462,7 @@ class Server {
   void tokenize(const std::string& body, httplib::Response& res) {
     try {
       const serve::TokenizeRequest r = serve::parse_tokenize_request(body, api_);
-      std::vector<int> ids;
-      if (r.chat) {
-        std::vector<dg::io::ChatMessage> msgs;
-        for (const auto& m : r.messages) msgs.push_back({m.role, m.content});
-        ids = dg::io::encode_chat(*tok_, msgs, dg::io::ChatOptions{});
-      } else {
-        ids = tok_->encode(r.text, r.add_special);
-        const int bos = model_->config().bos_token_id;
-        if (r.add_special && (ids.empty() || ids[0] != bos)) ids.insert(ids.begin(), bos);  // as /v1/completions
-      }
+      const std::vector<int> ids = r.chat ? chat_ids(r.messages) : text_ids(r.text, r.add_special);
       json tokens = json::array();
       for (int id : ids) {
         if (!r.with_pieces) {
@@ -512,11 +503,7 @@ class Server {
       for (std::size_t i = 0; i < r.tokens.size(); ++i) {
         const std::int64_t id = r.tokens[i];
         const std::string where = "tokens[" + std::to_string(i) + "]";
-        if (id >= model_->config().vocab_size) {
-          throw ApiError(400, "'" + where + "' is token id " + std::to_string(id) + ", outside the vocabulary [0, " +
-                                  std::to_string(model_->config().vocab_size) + ")",
-                         where, "invalid_value");
-        }
+        check_client_id(id, where);
         if (!tok_->has_id(static_cast<int>(id))) {
           throw ApiError(400, "'" + where + "' is token id " + std::to_string(id) + ", which tokenizer.json has no text for",
                          where, "invalid_value");
@@ -548,33 +535,44 @@ class Server {
   // Text of ids; ids the tokenizer does not know show as <ID>.
   std::string decode(const std::vector<std::int32_t>& ids) const { return decode_known(*tok_, ids); }
 
+  // A client's token id: inside the model's vocabulary, or a 400 naming where it was given.
+  void check_client_id(std::int64_t id, const std::string& where) const {
+    if (id >= model_->config().vocab_size) {
+      throw ApiError(400, "'" + where + "' is token id " + std::to_string(id) + ", outside the vocabulary [0, " +
+                              std::to_string(model_->config().vocab_size) + ")",
+                     where, "invalid_value");
+    }
+  }
+
+  // Text as /v1/completions runs it: <bos> first whether or not tokenizer.json's post-processor
+  // adds it (as `dgemma generate`); without add_bos, the bare encoding (/tokenize may ask for it).
+  std::vector<int> text_ids(const std::string& text, bool add_bos) const {
+    std::vector<int> ids = tok_->encode(text, add_bos);
+    const int bos = model_->config().bos_token_id;
+    if (add_bos && (ids.empty() || ids[0] != bos)) ids.insert(ids.begin(), bos);
+    return ids;
+  }
+
+  // A conversation as /v1/chat/completions renders it.
+  std::vector<int> chat_ids(const std::vector<serve::Message>& messages) const {
+    std::vector<dg::io::ChatMessage> msgs;
+    for (const auto& m : messages) msgs.push_back({m.role, m.content});
+    return dg::io::encode_chat(*tok_, msgs, dg::io::ChatOptions{});
+  }
+
   // The token ids of the request's sequence `choice` (chat: the conversation; completions: prompt
   // `choice` of the list). `param` names that prompt in errors.
   std::vector<std::int32_t> prompt_ids(const serve::GenerationRequest& r, std::size_t choice, const std::string& param) const {
-    std::vector<int> ids;
     if (!r.chat && r.prompts[choice].is_ids) {
       const auto& given = r.prompts[choice].ids;
       std::vector<std::int32_t> out;
       for (std::size_t i = 0; i < given.size(); ++i) {
-        const std::string where = param + "[" + std::to_string(i) + "]";
-        if (given[i] >= model_->config().vocab_size) {
-          throw ApiError(400, "'" + where + "' is token id " + std::to_string(given[i]) + ", outside the vocabulary [0, " +
-                                  std::to_string(model_->config().vocab_size) + ")",
-                         where, "invalid_value");
-        }
+        check_client_id(given[i], param + "[" + std::to_string(i) + "]");
         out.push_back(static_cast<std::int32_t>(given[i]));
       }
       return out;  // as given: token ids are the exact prompt, <bos> included or not
     }
-    if (r.chat) {
-      std::vector<dg::io::ChatMessage> msgs;
-      for (const auto& m : r.messages) msgs.push_back({m.role, m.content});
-      ids = dg::io::encode_chat(*tok_, msgs, dg::io::ChatOptions{});
-    } else {
-      ids = tok_->encode(r.prompts[choice].text);
-      // Raw text starts with <bos> whether or not tokenizer.json's post-processor adds it (as `dgemma generate`).
-      if (ids.empty() || ids[0] != model_->config().bos_token_id) ids.insert(ids.begin(), model_->config().bos_token_id);
-    }
+    const std::vector<int> ids = r.chat ? chat_ids(r.messages) : text_ids(r.prompts[choice].text, true);
     std::vector<std::int32_t> out;
     for (int id : ids) {
       if (id < 0 || id >= model_->config().vocab_size) {
