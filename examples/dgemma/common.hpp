@@ -24,7 +24,8 @@ using diffusion_gemma::GenerationConfig;
 
 // Text of ids; ids the tokenizer does not know (a model vocabulary larger than tokenizer.json's)
 // show as <ID> instead of failing mid-generation.
-inline std::string decode_known(const diffusion_gemma::io::Tokenizer& tok, const std::vector<std::int32_t>& ids) {
+inline std::string decode_known(const diffusion_gemma::io::Tokenizer& tok, const std::vector<std::int32_t>& ids,
+                                bool skip_special_tokens = true) {
   std::string text;
   std::vector<int> run;
   for (auto id : ids) {
@@ -32,11 +33,11 @@ inline std::string decode_known(const diffusion_gemma::io::Tokenizer& tok, const
       run.push_back(id);
       continue;
     }
-    text += tok.decode(run);
+    text += tok.decode(run, skip_special_tokens);
     run.clear();
     text += "<" + std::to_string(id) + ">";
   }
-  return text + tok.decode(run);
+  return text + tok.decode(run, skip_special_tokens);
 }
 
 inline bool stderr_is_terminal() { return ::isatty(2) == 1; }

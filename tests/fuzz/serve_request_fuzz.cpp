@@ -5,7 +5,8 @@
 // client as a 500); a chat request must then render and tokenize, or fail with an Error. The
 // bytes also drive the streaming text assembler with the request's stop sequences and max_tokens:
 // the deltas of an answer streamed canvas by canvas must add up to the answer given at once. The
-// same body also goes to the /tokenize and /detokenize parsers, under the same rule.
+// same body also goes to the /tokenize and /detokenize parsers and to llama.cpp's /completion
+// parser (whose response_fields then project an answer), under the same rule.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <diffusion_gemma/io/tokenizer.hpp>
 
 #include "../../examples/dgemma/serve/api.hpp"
+#include "../../examples/dgemma/serve/llama_api.hpp"
 #include "../../examples/dgemma/serve/sse.hpp"
 #include "../../examples/dgemma/serve/text_stream.hpp"
 
@@ -72,6 +74,21 @@ void utility_endpoints(const std::string& body, const dgemma::serve::ApiLimits& 
     (void)dgemma::serve::parse_detokenize_request(body, limits);
   } catch (const dgemma::serve::ApiError& e) {
     client_fault(e);
+  }
+  try {
+    const auto r = dgemma::serve::parse_llama_completion_request(body, limits);
+    for (const auto& p : r.prompts) {
+      (void)tokenizer().encode(p.text);
+      for (const auto& part : p.parts) (void)tokenizer().encode(part.text, false);
+    }
+    dgemma::serve::LlamaResult result;
+    result.content = body;
+    (void)dgemma::serve::dump_json(
+        dgemma::serve::project_fields(dgemma::serve::llama_final(result, dgemma::serve::json::object(), "m", r.stream),
+                                      r.response_fields));
+  } catch (const dgemma::serve::ApiError& e) {
+    client_fault(e);
+  } catch (const diffusion_gemma::Error&) {
   }
 }
 

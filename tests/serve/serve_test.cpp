@@ -173,6 +173,81 @@ void contract(int port) {
                  "another model on /tokenize");
   }
 
+  // llama.cpp's /completion: the text /v1/completions gives for the same prompt and seed, in
+  // llama.cpp's flat shape; streamed as partial objects and a final one, without [DONE].
+  {
+    const std::string q = "Sort ascending: 93 44 60 89 20";
+    const json oai = json::parse(post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":")" + q +
+                                                                   R"(","seed":3,"max_tokens":40})")
+                                     .body);
+    const std::string body = R"({"prompt":")" + q + R"(","seed":3,"n_predict":40,"temperature":0.8,"cache_prompt":true)";
+    auto native = post(port, "/completion", body + R"(,"return_tokens":true})");
+    CHECK(native.status == 200, native.body);
+    const json n = json::parse(native.body);
+    CHECK(n["content"] == oai["choices"][0]["text"], native.body + " vs " + oai.dump());
+    CHECK(n["stop"] == true && n["index"] == 0, native.body);
+    CHECK(n["stop_type"] == (oai["choices"][0]["finish_reason"] == "length" ? "limit" : "eos"), native.body);
+    CHECK(n["tokens_predicted"] == oai["usage"]["completion_tokens"], native.body);
+    CHECK(n["tokens_evaluated"] == oai["usage"]["prompt_tokens"], native.body);
+    CHECK(n["tokens"].size() == n["tokens_predicted"].get<std::size_t>(), native.body);
+    CHECK(n["prompt"] == "<bos>" + q && n["generation_settings"]["seed"] == 3 && n["generation_settings"]["n_predict"] == 40,
+          native.body);
+    CHECK(n["timings"]["predicted_n"] == n["tokens_predicted"] && n["timings"]["predicted_ms"].get<double>() > 0.0, native.body);
+    CHECK(header(native, "X-Dgemma-Ignored") == "temperature", header(native, "X-Dgemma-Ignored"));
+    auto alias = post(port, "/completions", body + "}");  // llama.cpp's other name for it
+    CHECK(alias.status == 200 && json::parse(alias.body)["content"] == n["content"], alias.body);
+
+    auto streamed = post(port, "/completion", body + R"(,"stream":true})");
+    CHECK(streamed.status == 200 && !streamed.done, "llama.cpp's stream has no [DONE]: " + streamed.body);
+    std::string text;
+    int finals = 0, partial_tokens = 0;
+    for (const auto& e : streamed.events) {
+      CHECK(e.contains("content") && e.contains("stop"), e.dump());
+      if (!e.contains("content")) continue;
+      text += e["content"].get<std::string>();
+      if (e["stop"] == true) {
+        ++finals;
+        CHECK(e["stop_type"] == n["stop_type"] && e["tokens_predicted"] == n["tokens_predicted"], e.dump());
+      } else {
+        partial_tokens += static_cast<int>(e["tokens"].size());
+      }
+    }
+    CHECK(text == n["content"], text + " vs " + n["content"].dump());
+    CHECK(finals == 1 && !streamed.events.empty() && streamed.events.back()["stop"] == true, streamed.body);
+    CHECK(partial_tokens == n["tokens_predicted"], streamed.body);
+
+    // A stop sequence: "word" and the word; a mixed prompt ([<bos>, text] runs as the text does);
+    // a list of prompts answers a list; response_fields keeps only the named fields.
+    auto word = post(port, "/completion", R"({"prompt":")" + q + R"(","seed":3,"n_predict":40,"stop":[" 60"]})");
+    const json w = json::parse(word.body);
+    CHECK(w["stop_type"] == "word" && w["stopping_word"] == " 60", word.body);
+    CHECK(w["content"] == n["content"].get<std::string>().substr(0, n["content"].get<std::string>().find(" 60")), word.body);
+    auto mixed = post(port, "/completion", R"({"prompt":[2,")" + q + R"("],"seed":3,"n_predict":40})");
+    CHECK(mixed.status == 200 && json::parse(mixed.body)["content"] == n["content"], mixed.body);
+    auto list = post(port, "/completion", R"({"prompt":[")" + q + R"(","Reverse: abc"],"seed":3,"n_predict":40})");
+    const json l = json::parse(list.body);
+    CHECK(l.is_array() && l.size() == 2 && l[0]["index"] == 0 && l[1]["index"] == 1, list.body);
+    CHECK(l.size() == 2 && l[0]["content"] == n["content"], list.body);
+    auto fields = post(port, "/completion", R"({"prompt":")" + q +
+                                                R"(","seed":3,"n_predict":40,"response_fields":["content","generation_settings/seed"]})");
+    CHECK(json::parse(fields.body) == json({{"content", n["content"]}, {"seed", 3}}), fields.body);
+    // n_predict 0: the prompt is checked and nothing is generated.
+    auto none = post(port, "/completion", R"({"prompt":")" + q + R"(","n_predict":0})");
+    const json z = json::parse(none.body);
+    CHECK(none.status == 200 && z["content"] == "" && z["tokens_predicted"] == 0 &&
+              z["tokens_evaluated"] == oai["usage"]["prompt_tokens"] && z["stop_type"] == "limit",
+          none.body);
+    // No seed: llama.cpp's default -1, a new seed per request, reported in the header and the settings.
+    auto random = post(port, "/completion", R"({"prompt":")" + q + R"(","n_predict":16})");
+    CHECK(random.status == 200 && !header(random, "X-Dgemma-Seed").empty() &&
+              json::parse(random.body)["generation_settings"]["seed"].dump() == header(random, "X-Dgemma-Seed"),
+          random.body);
+    expect_error(post(port, "/completion", R"({"prompt":"a","n_probs":3})"), 400, "n_probs", "invalid_value", "n_probs");
+    expect_error(post(port, "/completion", R"({"prompt":[2,17,576]})"), 400, "prompt[2]", "invalid_value",
+                 "an id outside the vocabulary on /completion");
+    expect_error(post(port, "/completion", "{}"), 400, "prompt", "missing_parameter", "/completion without a prompt");
+  }
+
   // Streaming: role first, one chunk per canvas, content equal to the whole answer, usage last, [DONE].
   auto st = post(port, "/v1/chat/completions", chat_body("Add: 417 + 385", R"(,"seed":7,"stream":true,"stream_options":{"include_usage":true})"));
   CHECK(st.status == 200 && st.done, st.body);
@@ -486,6 +561,7 @@ void api_key_and_overload(const std::string& key) {
   expect_error(post(port, "/v1/chat/completions", chat_body("hi"), "wrong"), 401, "", "invalid_api_key", "wrong API key");
   expect_error(get(port, "/v1/models", "wrong"), 401, "", "invalid_api_key", "wrong API key on /v1/models");
   expect_error(post(port, "/tokenize", R"({"prompt":"a"})"), 401, "", "invalid_api_key", "no API key on /tokenize");
+  expect_error(post(port, "/completion", R"({"prompt":"a"})"), 401, "", "invalid_api_key", "no API key on /completion");
   CHECK(post(port, "/detokenize", R"({"tokens":[2]})", key).status == 200, "/detokenize with the key");
   CHECK(get(port, "/health").status == 200, "/health needs no key");
   auto ok = post(port, "/v1/chat/completions", chat_body("Add: 417 + 385"), key);

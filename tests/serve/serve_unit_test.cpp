@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The pure parts of `dgemma serve`: request checks (serve/api.hpp) and the text deltas of a stream
-// (serve/text_stream.hpp), with a byte-level fake tokenizer so that UTF-8 can split anywhere.
+// (serve/text_stream.hpp), llama.cpp's /completion (serve/llama_api.hpp), with a byte-level fake tokenizer so that UTF-8 can split anywhere.
 #include "support/catch.hpp"
 
 #include <string>
@@ -9,6 +9,7 @@
 #include <diffusion_gemma/io/tokenizer.hpp>
 
 #include "serve/api.hpp"
+#include "serve/llama_api.hpp"
 #include "serve/text_stream.hpp"
 #include "support/paths.hpp"
 
@@ -349,4 +350,141 @@ TEST_CASE("serve: /tokenize and /detokenize bodies in vLLM's and llama.cpp's sha
   CHECK(detokenize_param(R"({"tokens":[1,4294967296]})") == "tokens[1]");
   CHECK(detokenize_param(R"({"tokens":{"a":1}})") == "tokens");
   CHECK(detokenize_param(R"({"tokens":[1],"model":"x"})") == "model");
+}
+
+TEST_CASE("serve: the stop sequence that ended the text is named, and the kept ids are returned", "[serve]") {
+  TextAssembler a(fake_decode, {"three", "two"}, 1000);
+  const auto ids = ids_of("one two three");
+  const auto d = a.add(ids.data(), static_cast<int>(ids.size()), false, true);
+  CHECK(d.text == "one ");
+  CHECK(a.stopping_word() == "two");  // the earliest match, not the first listed
+  CHECK(a.tokens() == ids);           // a stop sequence cuts the text, not the generated ids
+  TextAssembler b(fake_decode, {"zz"}, 4);
+  const auto e = b.add(ids.data(), static_cast<int>(ids.size()), false, true);
+  CHECK(e.text == "one ");
+  CHECK(std::string(e.finish_reason) == "length");
+  CHECK(b.stopping_word().empty());
+  CHECK(b.tokens().size() == 4);
+}
+
+TEST_CASE("serve: llama.cpp's /completion bodies", "[serve]") {
+  const auto parse = [](const std::string& body, bool strict = false) {
+    return parse_llama_completion_request(body, limits(strict));
+  };
+  const auto param_of = [](const std::string& body, bool strict = false) {
+    try {
+      parse_llama_completion_request(body, limits(strict));
+    } catch (const ApiError& e) {
+      return std::to_string(e.status()) + " " + e.param();
+    }
+    return std::string("(accepted)");
+  };
+  // A string; no "model" needed; llama.cpp's defaults: a random seed, n_predict -1 (as many as fit).
+  const GenerationRequest one = parse(R"({"prompt":"Add: 1 + 2"})");
+  CHECK(one.llama);
+  CHECK_FALSE(one.chat);
+  CHECK(one.random_seed);
+  CHECK_FALSE(one.max_tokens_given);
+  CHECK_FALSE(one.prompt_list);
+  REQUIRE(one.prompts.size() == 1);
+  CHECK(one.prompts[0].text == "Add: 1 + 2");
+  CHECK(parse(R"({"prompt":"a","n_predict":-1})").max_tokens_given == false);
+  const GenerationRequest fixed = parse(R"({"prompt":"a","n_predict":12,"seed":7,"stop":["x","y"],"stream":true})");
+  CHECK(fixed.max_tokens == 12);
+  CHECK(fixed.max_tokens_given);
+  CHECK(fixed.seed == 7);
+  CHECK_FALSE(fixed.random_seed);
+  CHECK(fixed.stop == std::vector<std::string>{"x", "y"});
+  CHECK(fixed.stream);
+  CHECK(parse(R"({"prompt":"a","max_tokens":5})").max_tokens == 5);  // OpenAI's name, as llama.cpp reads it
+  CHECK(parse(R"({"prompt":"a","n_predict":0})").max_tokens == 0);    // prompt only: answered without tokens
+
+  // Token ids; ids and strings mixed (one prompt, run in order); a list of prompts.
+  const GenerationRequest ids = parse(R"({"prompt":[2,17,5]})");
+  REQUIRE(ids.prompts.size() == 1);
+  CHECK(ids.prompts[0].is_ids);
+  CHECK(ids.prompts[0].ids == std::vector<std::int64_t>{2, 17, 5});
+  const GenerationRequest mixed = parse(R"({"prompt":[2,17,"Add",5,6]})");
+  REQUIRE(mixed.prompts.size() == 1);
+  CHECK_FALSE(mixed.prompts[0].is_ids);
+  REQUIRE(mixed.prompts[0].parts.size() == 3);
+  CHECK(mixed.prompts[0].parts[0].ids == std::vector<std::int64_t>{2, 17});
+  CHECK(mixed.prompts[0].parts[1].text == "Add");
+  CHECK(mixed.prompts[0].parts[2].ids == std::vector<std::int64_t>{5, 6});
+  const GenerationRequest list = parse(R"({"prompt":["Add: 1 + 2",[2,17],["Sort",9]]})");
+  CHECK(list.prompt_list);
+  REQUIRE(list.prompts.size() == 3);
+  CHECK(list.prompts[0].text == "Add: 1 + 2");
+  CHECK(list.prompts[1].is_ids);
+  CHECK(list.prompts[2].parts.size() == 2);
+
+  // What llama.cpp's clients send by default is accepted: non-neutral sampling named, inert fields silent.
+  const GenerationRequest webui = parse(
+      R"({"prompt":"a","temperature":0.8,"top_k":40,"top_p":0.95,"min_p":0.05,"repeat_penalty":1.1,"repeat_last_n":64,
+          "cache_prompt":true,"samplers":["top_k","temperature"],"n_probs":0,"typical_p":1,"dry_multiplier":0,
+          "timings_per_token":false,"id_slot":-1,"n_keep":0,"grammar":"","image_data":[],"logit_bias":[]})");
+  CHECK(webui.ignored == std::vector<std::string>{"min_p", "repeat_penalty", "temperature", "top_k", "top_p"});
+  CHECK(param_of(R"({"prompt":"a","temperature":0.8})", true) == "400 temperature");
+  CHECK(param_of(R"({"prompt":"a","cache_prompt":true,"temperature":1})", true) == "(accepted)");
+  CHECK(parse(R"({"prompt":"a","mystery":1})").ignored == std::vector<std::string>{"mystery"});
+  CHECK(param_of(R"({"prompt":"a","mystery":1})", true) == "400 mystery");
+  const GenerationRequest fields = parse(R"({"prompt":"a","return_tokens":true,"response_fields":["content","timings/predicted_n"]})");
+  CHECK(fields.return_tokens);
+  CHECK(fields.response_fields == std::vector<std::string>{"content", "timings/predicted_n"});
+
+  // Each refusal names the field at fault.
+  CHECK(param_of("{}") == "400 prompt");
+  CHECK(param_of(R"({"prompt":""})") == "400 prompt");
+  CHECK(param_of(R"({"prompt":[]})") == "400 prompt");
+  CHECK(param_of(R"({"prompt":[1,[2]]})") == "400 prompt[1]");
+  CHECK(param_of(R"({"prompt":[1,-2]})") == "400 prompt[1]");
+  CHECK(param_of(R"({"prompt":["a",[]]})") == "400 prompt[1]");
+  CHECK(param_of(R"({"prompt":{"a":1}})") == "400 prompt");
+  CHECK(param_of(R"({"prompt":"a","n_predict":-2})") == "400 n_predict");
+  CHECK(param_of(R"({"prompt":"a","n_predict":4,"max_tokens":5})") == "400 max_tokens");
+  CHECK(param_of(R"({"prompt":"a","seed":-7})") == "400 seed");
+  CHECK(param_of(R"({"prompt":"a","seed":"1"})") == "400 seed");
+  CHECK(param_of(R"({"prompt":"a","n_probs":5})") == "400 n_probs");
+  CHECK(param_of(R"({"prompt":"a","grammar":"root ::= \"x\""})") == "400 grammar");
+  CHECK(param_of(R"({"prompt":"a","json_schema":{}})") == "400 json_schema");
+  CHECK(param_of(R"({"prompt":"a","image_data":[{"data":"","id":1}]})") == "400 image_data");
+  CHECK(param_of(R"({"prompt":"a","stop":"x","stream":"yes"})") == "400 stream");
+  CHECK(param_of(R"({"prompt":"a","model":"other"})") == "404 model");
+  CHECK(param_of(R"({"prompt":"a","response_fields":"content"})") == "400 response_fields");
+  CHECK(param_of(R"({"prompt":"a","dgemma":{"stream_drafts":true}})") == "400 dgemma.stream_drafts");
+  CHECK(param_of(R"({"prompt":"a","top_k":"40"})") == "400 top_k");
+  std::string many = R"({"prompt":"a","stop":[)";
+  for (int i = 0; i < 17; ++i) many += std::string(i ? "," : "") + "\"s" + std::to_string(i) + "\"";
+  CHECK(param_of(many + "]}") == "400 stop");  // llama.cpp has no limit; 16 here
+}
+
+TEST_CASE("serve: llama.cpp's response objects and response_fields", "[serve]") {
+  LlamaResult r;
+  r.index = 1;
+  r.content = "802\n";
+  r.tokens = {7, 8};
+  r.tokens_predicted = 2;
+  r.tokens_evaluated = 10;
+  r.stop_type = "eos";
+  r.prompt_ms = 20.0;
+  r.predicted_ms = 4.0;
+  const json settings{{"n_predict", 16}, {"seed", 3}};
+  const json whole = llama_final(r, settings, "m", false);
+  CHECK(whole["content"] == "802\n");
+  CHECK(whole["tokens"] == json({7, 8}));
+  CHECK(whole["stop"] == true);
+  CHECK(whole["has_new_line"] == true);
+  CHECK(whole["timings"]["predicted_per_second"] == 500.0);
+  CHECK(whole["timings"]["prompt_per_token_ms"] == 2.0);
+  // In a stream, the final object carries no text: it came in the partial objects.
+  const json last = llama_final(r, settings, "m", true);
+  CHECK(last["content"] == "");
+  CHECK(last["tokens"].empty());
+  CHECK(last["stop_type"] == "eos");
+  const json only = project_fields(whole, {"content", "generation_settings/n_predict", "timings/nothing", "absent"});
+  CHECK(only == json{{"content", "802\n"}, {"n_predict", 16}});
+  CHECK(project_fields(whole, {}) == whole);
+  const json part = llama_partial(0, "80", {7}, 1, 10);
+  CHECK(part["stop"] == false);
+  CHECK(part["content"] == "80");
 }

@@ -87,6 +87,8 @@ struct CompletionPrompt {
   std::string text;
   std::vector<std::int64_t> ids;
   bool is_ids = false;
+  // llama.cpp's mixed prompt (serve/llama_api.hpp): ids and strings in one list, run in order.
+  std::vector<CompletionPrompt> parts;
 };
 
 struct GenerationRequest {
@@ -103,6 +105,11 @@ struct GenerationRequest {
   bool include_usage = false;     // stream_options.include_usage: an extra usage-only chunk at the end
   bool stream_drafts = false;
   SamplerOverrides sampler;
+  // llama.cpp's POST /completion (serve/llama_api.hpp): its own response shape.
+  bool llama = false;
+  bool return_tokens = false;                // the generated ids in "tokens"
+  bool prompt_list = false;                  // "prompt" was a list of prompts: the answer is a list
+  std::vector<std::string> response_fields;  // only these fields of each answer ("a/b" moves b to the top)
   // Fields accepted without effect: unknown ones, and sampling values the sampler has no
   // counterpart for (the server names them in the X-Dgemma-Ignored response header).
   std::vector<std::string> ignored;

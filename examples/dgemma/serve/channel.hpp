@@ -27,6 +27,7 @@ struct Event {
   std::vector<std::int32_t> tokens;  // draft: the argmax canvas; commit: its valid tokens
   bool stop_token = false;           // commit: the canvas ended on a stop id
   bool last = false;                 // commit: the request's last canvas
+  double seconds = 0.0;              // commit: the canvas's denoising and commit, wall time
   diffusion_gemma::Status status;    // done: kOk, kCancelled or the error that ended it
 };
 

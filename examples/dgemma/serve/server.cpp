@@ -40,6 +40,7 @@
 #include "../common.hpp"
 #include "api.hpp"
 #include "channel.hpp"
+#include "llama_api.hpp"
 #include "metrics.hpp"
 #include "responses.hpp"
 #include "sse.hpp"
@@ -87,8 +88,8 @@ bool same_secret(const std::string& a, const std::string& b) {
 
 // A metrics label for a path: the routes served, or "other" (unknown paths must not grow the label set).
 std::string endpoint_label(const std::string& path) {
-  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
-                        "/detokenize"}) {
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/completion", "/completions", "/v1/models", "/health",
+                        "/metrics", "/tokenize", "/detokenize"}) {
     if (path == p) return p;
   }
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
@@ -114,11 +115,15 @@ std::string bearer_token(const std::string& authorization) {
   return authorization.substr(at);
 }
 
+// The POST routes: OpenAI's, llama.cpp's native completion, and the tokenizer's. All need the API key.
+bool post_route(const std::string& path) {
+  return path == "/v1/chat/completions" || path == "/v1/completions" || path == "/completion" || path == "/completions" ||
+         path == "/tokenize" || path == "/detokenize";
+}
+
 // The routes and the methods each answers, for 405's Allow header and CORS preflights.
 const char* allowed_methods(const std::string& path) {
-  if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/tokenize" || path == "/detokenize") {
-    return "POST, OPTIONS";
-  }
+  if (post_route(path)) return "POST, OPTIONS";
   const bool model_path = path.size() > 11 && path.rfind("/v1/models/", 0) == 0;  // "/v1/models/{id}", id not empty
   if (path == "/v1/models" || model_path || path == "/health" || path == "/metrics") {
     return "GET, HEAD, OPTIONS";
@@ -314,7 +319,7 @@ class Server {
         return R::Handled;
       }
       // /health and /metrics stay open for load balancers and scrapers; the API needs the key.
-      if (!config_.api_key.empty() && (req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize")) {
+      if (!config_.api_key.empty() && (req.path.rfind("/v1/", 0) == 0 || post_route(req.path))) {
         const std::string auth = req.get_header_value("Authorization");
         if (!same_secret(bearer_token(auth), config_.api_key)) {
           send_error(res, ApiError(401, auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'" : "invalid API key",
@@ -450,12 +455,16 @@ class Server {
     };
     http_.Post("/v1/chat/completions", post(&Server::chat_completion));
     http_.Post("/v1/completions", post(&Server::completion));
+    http_.Post("/completion", post(&Server::llama_completion));
+    http_.Post("/completions", post(&Server::llama_completion));  // llama.cpp's alias of /completion
     http_.Post("/tokenize", post(&Server::tokenize));
     http_.Post("/detokenize", post(&Server::detokenize));
   }
 
-  void chat_completion(const std::string& body, httplib::Response& res) { generation(body, res, true); }
-  void completion(const std::string& body, httplib::Response& res) { generation(body, res, false); }
+  enum class Dialect { kChat, kCompletions, kLlama };
+  void chat_completion(const std::string& body, httplib::Response& res) { generation(body, res, Dialect::kChat); }
+  void completion(const std::string& body, httplib::Response& res) { generation(body, res, Dialect::kCompletions); }
+  void llama_completion(const std::string& body, httplib::Response& res) { generation(body, res, Dialect::kLlama); }
 
   // vLLM's and llama.cpp's /tokenize: the ids the generation endpoints would run for this text or
   // conversation (the same tokenization code), with vLLM's count and max_model_len.
@@ -572,7 +581,30 @@ class Server {
       }
       return out;  // as given: token ids are the exact prompt, <bos> included or not
     }
-    const std::vector<int> ids = r.chat ? chat_ids(r.messages) : text_ids(r.prompts[choice].text, true);
+    std::vector<int> ids;
+    if (r.chat) {
+      ids = chat_ids(r.messages);
+    } else if (r.prompts[choice].parts.empty()) {
+      ids = text_ids(r.prompts[choice].text, true);
+    } else {
+      // llama.cpp's mixed prompt: <bos> first when it starts with a string; each string is encoded
+      // alone, without special tokens, and the ids go in as given.
+      const auto& parts = r.prompts[choice].parts;
+      if (!parts[0].is_ids) ids.push_back(model_->config().bos_token_id);
+      std::size_t at = 0;  // the position in the client's list, for errors
+      for (const auto& part : parts) {
+        if (!part.is_ids) {
+          const std::vector<int> piece = text_ids(part.text, false);
+          ids.insert(ids.end(), piece.begin(), piece.end());
+          ++at;
+          continue;
+        }
+        for (std::int64_t id : part.ids) {
+          check_client_id(id, param + "[" + std::to_string(at++) + "]");
+          ids.push_back(static_cast<int>(id));
+        }
+      }
+    }
     std::vector<std::int32_t> out;
     for (int id : ids) {
       if (id < 0 || id >= model_->config().vocab_size) {
@@ -636,6 +668,12 @@ class Server {
     int prompt_tokens = 0;
     bool first_sample = true;  // the first of its prompt's n samples: counts the prompt in the usage
     bool done = false;         // its text is complete (later events of it are ignored)
+    // llama.cpp's answer: the prompt as run, the settings used, timings, ids already streamed.
+    std::string prompt_text;
+    json settings;
+    Clock::time_point first_commit{};
+    double first_canvas_seconds = 0.0, canvas_seconds = 0.0;
+    std::size_t tokens_streamed = 0;
   };
 
   // Everything a request's handler (and, for a stream, its content provider) needs. The choices
@@ -663,13 +701,19 @@ class Server {
     }
   };
 
-  void generation(const std::string& body, httplib::Response& res, bool chat) {
+  void generation(const std::string& body, httplib::Response& res, Dialect dialect) {
+    const bool chat = dialect == Dialect::kChat;
     auto job = std::make_shared<Job>();
     job->arrived = Clock::now();
-    job->endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+    job->endpoint = chat ? "/v1/chat/completions" : dialect == Dialect::kLlama ? "/completion" : "/v1/completions";
+    // llama.cpp's n_predict 0: the prompt is checked and answered with no tokens, nothing runs.
+    bool nothing_to_generate = false;
     try {
       if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
-      job->request = chat ? serve::parse_chat_request(body, api_) : serve::parse_completion_request(body, api_);
+      job->request = chat ? serve::parse_chat_request(body, api_)
+                     : dialect == Dialect::kLlama ? serve::parse_llama_completion_request(body, api_)
+                                                  : serve::parse_completion_request(body, api_);
+      nothing_to_generate = job->request.llama && job->request.max_tokens_given && job->request.max_tokens == 0;
       if (job->request.random_seed) {
         std::random_device rd;
         job->request.seed = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
@@ -693,7 +737,8 @@ class Server {
           const int fit = Scheduler::max_new_tokens_that_fit(model_->config(), prompt_tokens, max_tokens);
           if (fit > 0) max_tokens = fit;
         }
-        Options o = options_for(r, max_tokens, prompt_tokens, param);
+        Options o = nothing_to_generate ? defaults_ : options_for(r, max_tokens, prompt_tokens, param);
+        if (nothing_to_generate) o.sampler.rng.seed = r.seed;
         o.sampler.rng.seed += k % samples;
         Choice c;
         c.prompt_tokens = prompt_tokens;
@@ -701,6 +746,10 @@ class Server {
         c.text = std::make_unique<serve::TextAssembler>(
             [this](const std::vector<std::int32_t>& ids) { return decode(ids); }, r.stop, max_tokens,
             [this](std::int32_t id) { return tok_->has_id(id) && tok_->decodes_with_next(id); });
+        if (r.llama) {
+          c.prompt_text = decode_known(*tok_, prompt, /*skip_special_tokens=*/false);  // as llama.cpp reports it
+          c.settings = llama_settings(r, o, max_tokens);
+        }
         job->choices.push_back(std::move(c));
         planned.emplace_back(std::move(prompt), std::move(o));
       }
@@ -708,6 +757,10 @@ class Server {
       job->shape = std::make_unique<serve::ResponseShape>(
           chat, (chat ? "chatcmpl-" : "cmpl-") + id_prefix_ + "-" + std::to_string(number),
           static_cast<std::int64_t>(std::time(nullptr)), api_.model_id);
+      if (nothing_to_generate) {
+        answer_without_tokens(*job, res);
+        return;
+      }
       for (std::size_t i = 0; i < planned.size(); ++i) {
         try {
           job->choices[i].id = submit(planned[i].first, planned[i].second, job->channel, i, job->request.stream_drafts);
@@ -803,6 +856,7 @@ class Server {
       ev.tokens.assign(e.tokens, e.tokens + e.valid_tokens);
       ev.stop_token = e.record.stop_token;
       ev.last = e.final;
+      ev.seconds = e.record.seconds;
       channel->push(std::move(ev));
       return true;
     };
@@ -831,6 +885,11 @@ class Server {
   // stop sequence, max_tokens) has its generation stopped if that canvas was not its last.
   serve::TextAssembler::Delta take(Job& job, const serve::Event& ev) {
     Choice& c = job.choices[ev.choice];
+    if (c.first_commit == Clock::time_point{}) {
+      c.first_commit = Clock::now();
+      c.first_canvas_seconds = ev.seconds;
+    }
+    c.canvas_seconds += ev.seconds;
     const auto d = c.text->add(ev.tokens.data(), static_cast<int>(ev.tokens.size()), ev.stop_token, ev.last);
     if (d.finished) {
       c.done = true;
@@ -876,8 +935,77 @@ class Server {
       const auto d = take(job, *ev);
       if (d.finished) results[ev->choice] = job.result(ev->choice, d.finish_reason);
     }
-    res.set_content(serve::dump_json(job.shape->answer(results, job.usage())), "application/json");
+    if (job.request.llama) {
+      json list = json::array();
+      for (std::size_t i = 0; i < results.size(); ++i) list.push_back(llama_answer(job, i, results[i].finish_reason, false));
+      res.set_content(serve::dump_json(job.request.prompt_list ? list : list[0]), "application/json");
+    } else {
+      res.set_content(serve::dump_json(job.shape->answer(results, job.usage())), "application/json");
+    }
     job.finished = true;
+  }
+
+  // llama.cpp's generation_settings: what this request ran with.
+  json llama_settings(const serve::GenerationRequest& r, const Options& o, int max_tokens) const {
+    const auto& s = o.sampler;
+    return json{{"n_predict", max_tokens},
+                {"seed", s.rng.seed},
+                {"stop", r.stop},
+                {"stream", r.stream},
+                {"return_tokens", r.return_tokens},
+                {"n_ctx", model_->config().max_position_embeddings},
+                {"model", api_.model_id},
+                {"dgemma", json{{"max_denoising_steps", s.max_denoising_steps},
+                                {"t_min", s.schedule.t_min},
+                                {"t_max", s.schedule.t_max},
+                                {"entropy_bound", s.acceptance.entropy_bound},
+                                {"stability_threshold", s.stopping.stability_threshold},
+                                {"confidence_threshold", s.stopping.confidence_threshold}}}};
+  }
+
+  // One prompt's final object in llama.cpp's shape (its content and ids already sent in a stream).
+  json llama_answer(const Job& job, std::size_t i, const char* reason, bool stream) const {
+    const Choice& c = job.choices[i];
+    serve::LlamaResult r;
+    r.index = i;
+    r.content = c.text->text();
+    if (job.request.return_tokens) r.tokens = c.text->tokens();
+    r.tokens_predicted = c.text->completion_tokens();
+    r.tokens_evaluated = c.prompt_tokens;
+    r.prompt = c.prompt_text;
+    r.stopping_word = c.text->stopping_word();
+    const bool limit = reason == nullptr || std::string(reason) == "length";
+    r.stop_type = limit ? "limit" : r.stopping_word.empty() ? "eos" : "word";
+    if (c.first_commit != Clock::time_point{}) {
+      const double waited = std::chrono::duration<double>(c.first_commit - job.arrived).count();
+      r.prompt_ms = 1e3 * std::max(0.0, waited - c.first_canvas_seconds);
+    }
+    r.predicted_ms = 1e3 * c.canvas_seconds;
+    return serve::project_fields(serve::llama_final(r, c.settings, api_.model_id, stream), job.request.response_fields);
+  }
+
+  // llama.cpp's n_predict 0: every prompt checked, answered at once with no tokens.
+  void answer_without_tokens(Job& job, httplib::Response& res) {
+    const auto& cfg = model_->config();
+    std::string body;
+    json list = json::array();
+    for (std::size_t i = 0; i < job.choices.size(); ++i) {
+      if (job.choices[i].prompt_tokens > cfg.max_position_embeddings) {
+        throw ApiError(400, "the prompt is " + std::to_string(job.choices[i].prompt_tokens) + " tokens, more than the " +
+                                std::to_string(cfg.max_position_embeddings) + " positions of the model",
+                       job.request.prompt_list ? "prompt[" + std::to_string(i) + "]" : "prompt", "context_length_exceeded");
+      }
+      const json one = llama_answer(job, i, "length", false);
+      body += serve::sse_data(one);
+      list.push_back(one);
+    }
+    res.set_header("X-Dgemma-Seed", std::to_string(job.request.seed));
+    set_ignored_header(res, job.request.ignored);
+    if (job.request.stream) {
+      res.set_content(body, "text/event-stream");
+    } else {
+      res.set_content(serve::dump_json(job.request.prompt_list ? list : list[0]), "application/json");
+    }
   }
 
   // One call of the stream's content provider: writes the next chunk (or a heartbeat). Returning
@@ -891,6 +1019,7 @@ class Server {
     auto ev = job.channel->pop(config_.heartbeat);
     if (!ev) return send(serve::sse_comment("keep-alive"));
     if (stale(job, *ev)) return true;
+    if (job.request.llama) return stream_llama(job, *ev, send, sink);
     if (ev->kind == serve::Event::Kind::kDraft) {
       json chunk = job.shape->empty_chunk(ev->choice);
       chunk["dgemma"] = json{{"draft", json{{"canvas", ev->canvas},
@@ -924,6 +1053,43 @@ class Server {
     if (ok && job.request.include_usage) ok = send(serve::sse_data(job.shape->usage_chunk(usage)));
     ok = ok && send(serve::sse_done());
     sink.done();
+    return ok;
+  }
+
+  // llama.cpp's stream: a partial object per committed canvas (its text and ids), a final object
+  // per prompt when its text is complete, and no [DONE] after the last.
+  template <class Send>
+  bool stream_llama(Job& job, const serve::Event& ev, const Send& send, httplib::DataSink& sink) {
+    Choice& c = job.choices[ev.choice];
+    if (ev.kind == serve::Event::Kind::kDraft) {
+      json chunk = serve::llama_partial(ev.choice, "", {}, c.text->completion_tokens(), c.prompt_tokens);
+      chunk["dgemma"] = json{{"draft", json{{"canvas", ev.canvas},
+                                            {"step", ev.step},
+                                            {"accepted", ev.accepted},
+                                            {"text", decode(ev.tokens)},
+                                            {"tokens", ev.tokens}}}};
+      return send(serve::sse_data(chunk));
+    }
+    if (fails(job, ev)) {
+      job.finished = true;
+      const bool ok = send(serve::sse_data(
+          failure(ev.status.ok() ? dg::Status(dg::StatusCode::kInternal, "no final canvas") : ev.status).body()));
+      sink.done();
+      return ok;
+    }
+    first_chunk(job);
+    const auto d = take(job, ev);
+    const auto& all = c.text->tokens();
+    const std::vector<std::int32_t> piece(all.begin() + static_cast<std::ptrdiff_t>(c.tokens_streamed), all.end());
+    c.tokens_streamed = all.size();
+    json chunk = serve::llama_partial(ev.choice, d.text, piece, c.text->completion_tokens(), c.prompt_tokens);
+    chunk["dgemma"] = json{{"canvas", ev.canvas}, {"steps", ev.step}};
+    bool ok = send(serve::sse_data(chunk));
+    if (ok && d.finished) ok = send(serve::sse_data(llama_answer(job, ev.choice, d.finish_reason, true)));
+    if (job.done == job.choices.size()) {
+      job.finished = true;
+      sink.done();
+    }
     return ok;
   }
 
@@ -983,7 +1149,8 @@ int cmd_serve(const std::vector<std::string>& args) {
   for (auto& spec : engine_flag_specs(dg::cpu::precision_name(dg::cpu::EngineOptions{}.precision))) specs.push_back(spec);
   Flags f("serve",
           "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions, POST /v1/completions,\n"
-          "GET /v1/models, GET /health, GET /metrics (docs/serving.md). SIGINT/SIGTERM drain and stop it.",
+          "GET /v1/models, GET /health, GET /metrics; llama.cpp's POST /completion; POST /tokenize and /detokenize\n"
+          "(docs/serving.md). SIGINT/SIGTERM drain and stop it.",
           specs);
   if (!f.parse(args)) {
     std::cout << f.usage();

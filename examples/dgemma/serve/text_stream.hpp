@@ -107,6 +107,7 @@ class TextAssembler {
       if (at != std::string::npos && at < end) {  // the earliest match wins
         end = std::max(at, sent_.size());
         stopped = true;
+        stopping_word_ = s;
       }
     }
     if (!stopped && !last) {
@@ -130,6 +131,10 @@ class TextAssembler {
   int completion_tokens() const { return static_cast<int>(tokens_.size()); }
   const std::string& text() const { return sent_; }
   bool finished() const { return finished_; }
+  // The generated tokens kept (max_tokens cuts them; a stop sequence does not).
+  const std::vector<std::int32_t>& tokens() const { return tokens_; }
+  // The stop sequence that ended the text ("" when a stop id or max_tokens did).
+  const std::string& stopping_word() const { return stopping_word_; }
 
  private:
   Decode decode_;
@@ -138,6 +143,7 @@ class TextAssembler {
   Pending pending_;
   std::vector<std::int32_t> tokens_;
   std::string sent_;
+  std::string stopping_word_;
   bool finished_ = false;
   const char* reason_ = nullptr;
 };
