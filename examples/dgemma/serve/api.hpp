@@ -290,6 +290,22 @@ inline void parse_stop(const json& v, const ApiLimits& limits, std::vector<std::
   out = std::move(stops);
 }
 
+// "seed": an unsigned integer, or -1 (llama.cpp's convention) for one the server draws; null
+// keeps the endpoint's default.
+inline void parse_seed(const json& s, GenerationRequest& r) {
+  if (s.is_null()) return;
+  if (s.is_number_unsigned()) {
+    r.seed = s.get<std::uint64_t>();
+    r.random_seed = false;
+  } else if (s.is_number_integer() && s.get<std::int64_t>() == -1) {
+    r.random_seed = true;
+  } else if (s.is_number_integer()) {
+    bad_value("seed", "must be -1 (a random seed) or an integer in [0, 18446744073709551615] (got " + s.dump() + ")");
+  } else {
+    bad_type("seed", "an integer in [0, 18446744073709551615], or -1", s);
+  }
+}
+
 inline void parse_extension(const json& v, const ApiLimits& limits, GenerationRequest& r) {
   if (v.is_null()) return;
   if (!v.is_object()) bad_type("dgemma", "an object", v);
@@ -381,18 +397,7 @@ inline json parse_common(const std::string& body, const ApiLimits& limits, const
   }
   if (max_tokens) r.max_tokens = static_cast<int>(*max_tokens);
   r.max_tokens_given = max_tokens.has_value();
-  if (j.contains("seed") && !j["seed"].is_null()) {
-    const json& s = j["seed"];
-    if (s.is_number_unsigned()) {
-      r.seed = s.get<std::uint64_t>();
-    } else if (s.is_number_integer() && s.get<std::int64_t>() == -1) {
-      r.random_seed = true;
-    } else if (s.is_number_integer()) {
-      bad_value("seed", "must be -1 (a random seed) or an integer in [0, 18446744073709551615] (got " + s.dump() + ")");
-    } else {
-      bad_type("seed", "an integer in [0, 18446744073709551615], or -1", s);
-    }
-  }
+  if (j.contains("seed")) parse_seed(j["seed"], r);
   if (j.contains("stop")) parse_stop(j["stop"], limits, r.stop);
   if (j.contains("stream") && !j["stream"].is_null()) r.stream = get_bool(j["stream"], "stream");
   if (j.contains("stream_options") && !j["stream_options"].is_null()) {

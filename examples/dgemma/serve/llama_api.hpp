@@ -137,15 +137,7 @@ inline GenerationRequest parse_llama_completion_request(const std::string& body,
   if (n_predict) r.max_tokens = static_cast<int>(*n_predict);
   r.max_tokens_given = n_predict.has_value();
 
-  if (j.contains("seed") && !j["seed"].is_null()) {
-    const json& s = j["seed"];
-    if (s.is_number_unsigned()) {
-      r.seed = s.get<std::uint64_t>();
-      r.random_seed = false;
-    } else if (!(s.is_number_integer() && s.get<std::int64_t>() == -1)) {
-      detail::bad_value("seed", "must be -1 (a random seed) or an integer in [0, 18446744073709551615] (got " + s.dump() + ")");
-    }
-  }
+  if (j.contains("seed")) detail::parse_seed(j["seed"], r);
   if (j.contains("stop")) {
     ApiLimits stops = limits;
     stops.max_stop_sequences = std::max<std::size_t>(limits.max_stop_sequences, 16);  // llama.cpp sets no limit
