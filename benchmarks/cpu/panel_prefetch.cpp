@@ -36,19 +36,10 @@ std::string arg(int argc, char** argv, const std::string& name, const std::strin
 }
 
 #if DG_X86_KERNELS
-// gemm_pairs with the request switched on or off: the same blocks, panels and bits either way.
+// gemm_pairs with the request switched on or off: the same blocks and bits either way.
 void product(bool prefetch, const std::uint16_t* w, const float* a, std::int64_t m, std::int64_t n, std::int64_t k,
              float* c) {
-  const std::size_t stride = kn::pair_panel_elements(k);
-  const auto panel_of = [&](std::int64_t n0) { return w + static_cast<std::size_t>(n0 / kn::kPairPanelWidth) * stride; };
-  kn::avx2::gemm_blocked(
-      a, k, m, n, k, c, n, false,
-      [&](std::int64_t n0, std::int64_t, std::int64_t k0, std::int64_t kc, float* panel) {
-        kn::avx2::unpack_pair_panel(panel_of(n0), k0, kc, panel);
-      },
-      [&](std::int64_t n0, std::int64_t, std::int64_t k0, std::int64_t kc) {
-        return prefetch ? kn::avx2::pair_panel_source(panel_of(n0), k0, kc) : kn::PanelSource{};
-      });
+  kn::avx2::gemm_pairs(w, a, k, m, n, k, c, n, false, prefetch);
 }
 #endif
 

@@ -403,8 +403,9 @@ TEST_CASE("BF16 matrices packed as pair tiles give the exact AVX2 and AVX-512 bi
     ctx.isa = isa;
     ctx.precision = cpu::Precision::kExact;
     ctx.threads = 2;
-    // The same fp32 panels reach the same micro-kernel in the same order: equal bits, for every tail
-    // (outputs not a multiple of 16, depths odd, not a multiple of 32, across the 256-deep blocks).
+    // The same fp32 values reach the same chains of FMAs in the same order (AVX2 widens the pairs in
+    // its tile, AVX-512 into an fp32 panel first): equal bits, for every tail (outputs not a
+    // multiple of 16, depths odd, not a multiple of 32, across several depth blocks).
     const auto same_bits = [&](const Weight& rows, const Weight& packed, std::int64_t m, bool accumulate) {
       return same_product(ctx, rows, packed, m, accumulate, rng);
     };

@@ -236,8 +236,14 @@ inline void micro_rows(std::int64_t rows, const float* a, std::int64_t lda, cons
 template <class FillPanel, class Source>
 inline void gemm_blocked(const float* a, std::int64_t lda, std::int64_t m, std::int64_t n, std::int64_t k, float* c,
                          std::int64_t ldc, bool accumulate, FillPanel&& fill_panel, Source&& source) {
-  blocked_product(TileShape{kKc, kNr, kMr}, &micro_rows, scratch<float, 0>(static_cast<std::size_t>(kKc * kNr)), a, lda,
-                  m, n, k, c, ldc, accumulate, fill_panel, source);
+  float* panel = scratch<float, 0>(static_cast<std::size_t>(kKc * kNr));
+  blocked_product(
+      TileShape{kKc, kNr, kMr}, &micro_rows, a, lda, m, n, k, c, ldc, accumulate,
+      [&](std::int64_t n0, std::int64_t nvalid, std::int64_t k0, std::int64_t kc) {
+        fill_panel(n0, nvalid, k0, kc, panel);
+        return static_cast<const float*>(panel);
+      },
+      source);
 }
 
 template <DType T>
@@ -252,45 +258,108 @@ inline void gemm_packed(const Gemm& g) {
       });
 }
 
-// Rows [k0, k0 + kc) of a panel of 16 columns stored as pair tiles (operands.hpp), widened to fp32
-// (exact: a bf16 is the high half of its fp32). The pair (k, k + 1) of 16 columns is 64 contiguous
-// bytes, so a panel is one forward stream, with no transpose. k0 is even; for an odd kc the row
-// kc (a zero pad) is written too, inside the panel buffer.
-inline void unpack_pair_panel(const std::uint16_t* panel_pairs, std::int64_t k0, std::int64_t kc, float* panel) {
+// ---- BF16 weights packed as pair tiles, read by the tile directly ------------------------------
+
+// Depth per block: a block of a pair-tile panel (512 x 16 bf16, 16 KiB) takes the L1 room of an
+// fp32 panel half as deep, so C is loaded and stored half as often, and no panel is written.
+constexpr std::int64_t kPairKc = 512;
+static_assert(kPairKc % 32 == 0, "depth blocks start on a pair tile");
+
+// C[MR x 16] (+)= A[MR x kc] W for rows [k0, k0 + kc) of one pair-tile panel (operands.hpp):
+// the pair (k, k + 1) of 16 columns is 64 contiguous bytes, and each bf16 is widened in registers
+// (exact: it is the high half of its fp32; the even one is shifted up, the odd one has the even
+// one's bits cleared). The FMAs are those of micro_kernel in the same order, so the bits are the
+// same as for an fp32 panel. Against unpacking each 256-deep block into an fp32 panel first (what
+// this replaced), commit and prefill ran 1.05-1.06x faster on a Zen 2 (docs/design.md, "exact").
+template <int MR>
+inline void pair_kernel(const float* a, std::int64_t lda, const std::uint16_t* pairs, std::int64_t kc, float* c,
+                        std::int64_t ldc, bool load_c, std::int64_t nvalid) {
+  V c0[MR], c1[MR];
+  alignas(32) float edge[MR * kNr];
+  float* dst = c;
+  std::int64_t ld = ldc;
+  if (nvalid < kNr) {  // a partial panel goes through a full-width copy of C
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < kNr; ++j) edge[i * kNr + j] = load_c && j < nvalid ? c[i * ldc + j] : 0.0f;
+    dst = edge;
+    ld = kNr;
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+    c0[i] = load_c ? _mm256_loadu_ps(dst + i * ld) : zero();
+    c1[i] = load_c ? _mm256_loadu_ps(dst + i * ld + 8) : zero();
+  }
+  const float* ar[MR];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) ar[i] = a + i * lda;
   const I high_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  const std::uint16_t* src = panel_pairs + k0 * kNr;
-  for (std::int64_t k = 0; k < kc; k += 2) {
-    const I lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k * kNr));
-    const I hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k * kNr + kNr));
-    float* even = panel + k * kNr;
-    store(even, _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)));
-    store(even + 8, _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)));
-    store(even + kNr, _mm256_castsi256_ps(_mm256_and_si256(lo, high_half)));
-    store(even + kNr + 8, _mm256_castsi256_ps(_mm256_and_si256(hi, high_half)));
+  // One depth step: 2 x MR FMAs against B's two vectors, which stay in registers (see
+  // micro_kernel for why the empty asm is there).
+  const auto step = [&](std::int64_t k, V b0, V b1) {
+    __asm__("" : "+x"(b0), "+x"(b1));
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const V av = _mm256_broadcast_ss(ar[i] + k);
+      c0[i] = _mm256_fmadd_ps(av, b0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(av, b1, c1[i]);
+    }
+  };
+  const auto pair = [&](std::int64_t k) { return reinterpret_cast<const __m256i*>(pairs + k * kNr); };
+  std::int64_t k = 0;
+  for (; k + 2 <= kc; k += 2) {
+    const I* p = pair(k);
+    step(k, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(p), 16)),
+         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(p + 1), 16)));
+    step(k + 1, _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(p), high_half)),
+         _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(p + 1), high_half)));
+  }
+  if (k < kc) {  // an odd depth: the last pair's odd half is padding, and A has no element there
+    const I* p = pair(k);
+    step(k, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(p), 16)),
+         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(p + 1), 16)));
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+    _mm256_storeu_ps(dst + i * ld, c0[i]);
+    _mm256_storeu_ps(dst + i * ld + 8, c1[i]);
+  }
+  if (nvalid < kNr) {
+    for (int i = 0; i < MR; ++i)
+      for (std::int64_t j = 0; j < nvalid; ++j) c[i * ldc + j] = edge[i * kNr + j];
   }
 }
 
-// Where unpack_pair_panel reads rows [k0, k0 + kc) of the panel at `panel` (an odd kc also reads
-// its zero pad).
+inline void pair_rows(std::int64_t rows, const float* a, std::int64_t lda, const std::uint16_t* pairs, std::int64_t kc,
+                      float* c, std::int64_t ldc, bool load_c, std::int64_t nvalid) {
+  switch (rows) {
+    case 1: return pair_kernel<1>(a, lda, pairs, kc, c, ldc, load_c, nvalid);
+    case 2: return pair_kernel<2>(a, lda, pairs, kc, c, ldc, load_c, nvalid);
+    case 3: return pair_kernel<3>(a, lda, pairs, kc, c, ldc, load_c, nvalid);
+    case 4: return pair_kernel<4>(a, lda, pairs, kc, c, ldc, load_c, nvalid);
+    case 5: return pair_kernel<5>(a, lda, pairs, kc, c, ldc, load_c, nvalid);
+    default: return pair_kernel<6>(a, lda, pairs, kc, c, ldc, load_c, nvalid);
+  }
+}
+
+// Where the block of rows [k0, k0 + kc) of the panel at `panel` lies (an odd kc includes its pad).
 inline PanelSource pair_panel_source(const std::uint16_t* panel, std::int64_t k0, std::int64_t kc) {
   const std::size_t bytes = static_cast<std::size_t>((kc + 1) / 2 * 2 * kNr) * sizeof(std::uint16_t);
   return PanelSource{reinterpret_cast<const std::byte*>(panel + k0 * kNr), 1, bytes, 0};
 }
 
-// C[m, n] (+)= A[m, k] W^T for a BF16 weight packed as pair tiles, starting at the panel of output 0.
-// The same blocks and micro-kernel as gemm_packed, so the same bits as the row-major weight.
+// C[m, n] (+)= A[m, k] W^T for a BF16 weight packed as pair tiles, starting at the panel of output
+// 0: the blocked loop of gemm_packed with the tile reading the pairs, so the same bits as the
+// row-major weight. `prefetch` off is for benchmarks/cpu/panel_prefetch only.
 inline void gemm_pairs(const std::uint16_t* w, const float* a, std::int64_t lda, std::int64_t m, std::int64_t n,
-                       std::int64_t k, float* c, std::int64_t ldc, bool accumulate) {
+                       std::int64_t k, float* c, std::int64_t ldc, bool accumulate, bool prefetch = true) {
   if (m <= 0 || n <= 0) return;
   const std::size_t panel_stride = pair_panel_elements(k);
   const auto panel_of = [&](std::int64_t n0) { return w + static_cast<std::size_t>(n0 / kNr) * panel_stride; };
-  gemm_blocked(
-      a, lda, m, n, k, c, ldc, accumulate,
-      [&](std::int64_t n0, std::int64_t, std::int64_t k0, std::int64_t kc, float* panel) {
-        unpack_pair_panel(panel_of(n0), k0, kc, panel);
-      },
+  blocked_product(
+      TileShape{kPairKc, kNr, kMr}, &pair_rows, a, lda, m, n, k, c, ldc, accumulate,
+      [&](std::int64_t n0, std::int64_t, std::int64_t k0, std::int64_t) { return panel_of(n0) + k0 * kNr; },
       [&](std::int64_t n0, std::int64_t, std::int64_t k0, std::int64_t kc) {
-        return pair_panel_source(panel_of(n0), k0, kc);
+        return prefetch ? pair_panel_source(panel_of(n0), k0, kc) : PanelSource{};
       });
 }
 

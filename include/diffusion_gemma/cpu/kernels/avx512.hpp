@@ -209,8 +209,14 @@ inline void micro_rows(std::int64_t rows, const float* a, std::int64_t lda, cons
 template <class FillPanel, class Source>
 inline void gemm_blocked(const float* a, std::int64_t lda, std::int64_t m, std::int64_t n, std::int64_t k, float* c,
                          std::int64_t ldc, bool accumulate, FillPanel&& fill_panel, Source&& source) {
-  blocked_product(TileShape{kKc, kNr, kMr}, &micro_rows, scratch<float, 0>(static_cast<std::size_t>(kKc * kNr)), a, lda,
-                  m, n, k, c, ldc, accumulate, fill_panel, source);
+  float* panel = scratch<float, 0>(static_cast<std::size_t>(kKc * kNr));
+  blocked_product(
+      TileShape{kKc, kNr, kMr}, &micro_rows, a, lda, m, n, k, c, ldc, accumulate,
+      [&](std::int64_t n0, std::int64_t nvalid, std::int64_t k0, std::int64_t kc) {
+        fill_panel(n0, nvalid, k0, kc, panel);
+        return static_cast<const float*>(panel);
+      },
+      source);
 }
 
 template <DType T>

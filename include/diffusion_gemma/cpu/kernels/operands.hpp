@@ -190,10 +190,6 @@ inline PanelSource matrix_source(const MatrixB& b, std::int64_t n0, std::int64_t
 struct TileShape {
   std::int64_t kc, nr, mr;
 };
-// C[rows x nr] (+)= A[rows x kc] panel[kc x nr], only the first `nvalid` columns of C stored.
-using TileKernel = void (*)(std::int64_t rows, const float* a, std::int64_t lda, const float* panel, std::int64_t kc,
-                            float* c, std::int64_t ldc, bool load_c, std::int64_t nvalid);
-
 // Rows of A one pass over the panels works on: a block of A (rows x kc floats) of at most this
 // many bytes stays in L2 while every panel of its depth block runs over it. Without the bound a
 // block of a long pass (1024 rows x 256 deep, 1 MiB) was read back from L3 for every panel: the
@@ -213,17 +209,19 @@ inline std::int64_t row_group_rows(const TileShape& shape, std::int64_t m, std::
 
 // C (+)= A op(B) in blocks of shape.kc depth x shape.nr columns, the loop the AVX2 and AVX-512
 // families share: for each depth block and each group of rows (row_group_rows),
-// fill_panel(n0, nvalid, k0, kc, panel) writes a block's fp32 panel (into `panel`, shape.kc x
-// shape.nr floats), and `tile` runs over the group's rows of A against it.
+// fill_panel(n0, nvalid, k0, kc) returns the block's panel (an fp32 panel it has just written, or
+// the packed weights themselves where the tile reads them directly), and
+// tile(rows, a, lda, panel, kc, c, ldc, load_c, nvalid) computes C[rows x nr] (+)= A[rows x kc]
+// panel over the group's rows of A, storing only the first `nvalid` columns of C.
 // source(n0, nvalid, k0, kc) says where a block's weights are, so that the block kPrefetchAhead
 // ahead (in the order the panels are filled) is requested a few lines per row tile while the tile
 // works: the tile is bound by arithmetic, the weights stream from memory, and without the request
 // each panel fill waits on its loads. Every C element stays one chain over k in order, whatever
 // the blocking.
-template <class FillPanel, class Source>
-inline void blocked_product(const TileShape& shape, TileKernel tile, float* panel, const float* a, std::int64_t lda,
-                            std::int64_t m, std::int64_t n, std::int64_t k, float* c, std::int64_t ldc,
-                            bool accumulate, FillPanel&& fill_panel, Source&& source) {
+template <class Tile, class FillPanel, class Source>
+inline void blocked_product(const TileShape& shape, Tile&& tile, const float* a, std::int64_t lda, std::int64_t m,
+                            std::int64_t n, std::int64_t k, float* c, std::int64_t ldc, bool accumulate,
+                            FillPanel&& fill_panel, Source&& source) {
   if (k == 0) {
     if (!accumulate)
       for (std::int64_t i = 0; i < m; ++i)
@@ -242,7 +240,7 @@ inline void blocked_product(const TileShape& shape, TileKernel tile, float* pane
       const std::int64_t tiles = (g1 - g0 + shape.mr - 1) / shape.mr;
       for (std::int64_t n0 = 0; n0 < n; n0 += shape.nr) {
         const std::int64_t nvalid = n - n0 < shape.nr ? n - n0 : shape.nr;
-        fill_panel(n0, nvalid, k0, kc, panel);
+        const auto* panel = fill_panel(n0, nvalid, k0, kc);
         // The panel filled kPrefetchAhead fills from now: panels run fastest, then groups, then depth.
         const std::int64_t ahead = (k0 / shape.kc * groups + g) * panels + n0 / shape.nr + kPrefetchAhead;
         const std::int64_t next_n0 = (ahead % panels) * shape.nr, next_k0 = ahead / (panels * groups) * shape.kc;
