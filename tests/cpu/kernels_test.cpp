@@ -1293,3 +1293,50 @@ TEST_CASE("fast precision on AVX2: int8 activations x 4-bit weights", "[cpu][ker
   CHECK_FALSE(i8::supported(RandomQuantized(QuantFormat::kPacked, 4, 4, 64, 16, DType::kBF16, false, gen).q));
   CHECK_FALSE(i8::supported(RandomQuantized(QuantFormat::kInt8, 8, 4, 64, 0, DType::kBF16, false, gen).q));
 }
+
+// The AVX2 tile sums a few quads of byte products in 16 bits before widening them (kQuadRun): at
+// the largest codes and weights those sums come closest to wrapping, and a run too long for the
+// bound would wrap here and differ from the scalar reference.
+TEST_CASE("int8 products at the largest byte products: the 16-bit sums never wrap", "[cpu][kernels][quant][int8]") {
+  if (cpu::cpu_features().best() < cpu::Isa::kAvx2) {
+    WARN("the int8 products are not run: this CPU lacks AVX2");
+    return;
+  }
+  std::mt19937 gen(29);
+  const std::int64_t rows = 40, cols = 256, M = 7;
+  // (value, zero) nibbles: q = 0 with zero 15 gives w = -15, q = 15 with zero 0 gives w = +15.
+  for (const auto& [value, zero] : {std::pair<unsigned char, unsigned char>{0x00, 0xFF}, {0xFF, 0x00}}) {
+    for (std::int64_t group : {std::int64_t{0}, std::int64_t{64}}) {
+      RandomQuantized m(QuantFormat::kPacked, 4, rows, cols, group, DType::kF32, /*asymmetric=*/true, gen);
+      std::fill(m.values.begin(), m.values.end(), value);
+      std::fill(m.zeros.begin(), m.zeros.end(), zero);
+      const Weight w = Weight::quantized(m.q);
+      // Every row constant and positive: every code is 255.
+      std::vector<float> x(static_cast<std::size_t>(M * cols));
+      for (std::int64_t r = 0; r < M; ++r)
+        std::fill(x.begin() + r * cols, x.begin() + (r + 1) * cols, 0.5f + static_cast<float>(r));
+      std::vector<float> want(static_cast<std::size_t>(M * rows)), got(want.size());
+      const Int8Reference reference(m.q, x.data(), cols, M, want.data(), rows, false);
+      REQUIRE(reference.codes.front() == 255);
+      cpu::KernelContext ctx;
+      ctx.isa = cpu::Isa::kAvx2;
+      ctx.precision = cpu::Precision::kFast;
+      REQUIRE(ctx.int8_products(m.q));
+      cpu::linear(ctx, w, x.data(), cols, M, got.data(), rows);
+      INFO("value byte " << int(value) << " zero byte " << int(zero) << " group " << group);
+      CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+      // And they are the product itself: a constant row rounds to its codes without loss, so the
+      // result is the dequantised weight's product up to fp32 rounding (a wrapped sum is far off).
+      std::vector<float> deq(static_cast<std::size_t>(rows * cols));
+      cpu::kernels::dequantize_rows(m.q, 0, rows, reinterpret_cast<std::byte*>(deq.data()));
+      double worst = 0.0;
+      for (std::int64_t r = 0; r < M; ++r)
+        for (std::int64_t n = 0; n < rows; ++n) {
+          double exact = 0.0;
+          for (std::int64_t c = 0; c < cols; ++c) exact += double(x[r * cols + c]) * deq[n * cols + c];
+          worst = std::max(worst, std::abs(got[r * rows + n] - exact) / std::abs(exact));
+        }
+      CHECK(worst < 1e-4);
+    }
+  }
+}

@@ -17,10 +17,11 @@
 //            alpha = max |a| over the row's chunk / 127            (core/quant.hpp)
 //   y[r][n] = sum over chunks of  float(I[r][n][ch]) * (scale[n][ch] * alpha[r][ch])   (fp32 FMA)
 //   I[r][n][ch] = sum over the chunk of code[r][c] * w[n][c]  -  128 * sum of w[n][c]  (exact int)
-// with w = q - zero in [-15, 15]. A pair of code * w products is at most 2 * 255 * 15 = 7650, so
-// vpmaddubsw never saturates, and a chunk's int32 sum is exact; the result is the same bits on
-// every thread split and for a row alone or among others. reference_product() is that arithmetic
-// in scalar code, which the AVX2 kernel equals bit for bit (tests/cpu/kernels_test.cpp).
+// with w = q - zero in [-16, 15] (GPTQ v1 stores zero points minus one, so a zero can be 16). A
+// pair of code * w products is at most 2 * 255 * 16 = 8160 in magnitude, so vpmaddubsw never
+// saturates, and a chunk's int32 sum is exact; the result is the same bits on every thread split
+// and for a row alone or among others. reference_product() is that arithmetic in scalar code,
+// which the AVX2 kernel equals bit for bit (tests/cpu/kernels_test.cpp).
 #pragma once
 
 #include <algorithm>
@@ -391,6 +392,10 @@ inline void unpack_panel(const QuantizedMatrix& q, std::int64_t n0, const Chunks
   unpack_panel_packed(q, n0, chunks, p);
 }
 
+// Quads (4 inputs) whose byte products one tile row sums in 16 bits before widening to 32.
+constexpr int kQuadRun = 4;
+static_assert(kQuadRun * 2 * 255 * 16 < 32768, "the 16-bit sums of kQuadRun quads must not wrap");
+
 // MR rows (at most 6) of activations times one panel: for each chunk, int32 sums of 4-input byte
 // products in registers (12 of the 16), then one FMA each into the fp32 sums.
 template <int MR>
@@ -413,14 +418,39 @@ inline void panel_tile(const Activations& a, std::int64_t r0, const Panel& p, st
       s1[i] = off1;
     }
     const std::int8_t* wq = p.values + q0 * kPanel * 4;
-    for (std::int64_t qd = q0; qd < q1; ++qd, wq += kPanel * 4) {
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32));
+    const auto quad_of = [&](int i, std::int64_t qd) {
+      std::int32_t quad;
+      std::memcpy(&quad, codes + i * a.k + 4 * qd, 4);
+      return _mm256_set1_epi32(quad);
+    };
+    const auto w_at = [](const std::int8_t* w, int half) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * half));
+    };
+    std::int64_t qd = q0;
+    // kQuadRun quads summed in 16 bits, then widened once: vpmaddubsw and vpmaddwd share one
+    // pipe on a Zen 2 (1 per cycle together, measured), so widening every quad made 32 byte
+    // products cost 2 cycles, the fp32 FMA rate. kQuadRun pair sums are at most 4 * 8160 < 2^15
+    // in magnitude, so the 16-bit adds never wrap and the int32 sums are the same integers.
+    for (; qd + kQuadRun <= q1; qd += kQuadRun, wq += kQuadRun * kPanel * 4) {
 #pragma GCC unroll 6
       for (int i = 0; i < MR; ++i) {
-        std::int32_t quad;
-        std::memcpy(&quad, codes + i * a.k + 4 * qd, 4);
-        const __m256i x = _mm256_set1_epi32(quad);
+        __m256i x = quad_of(i, qd);
+        __m256i t0 = _mm256_maddubs_epi16(x, w_at(wq, 0)), t1 = _mm256_maddubs_epi16(x, w_at(wq, 1));
+#pragma GCC unroll 4
+        for (int j = 1; j < kQuadRun; ++j) {
+          x = quad_of(i, qd + j);
+          t0 = _mm256_add_epi16(t0, _mm256_maddubs_epi16(x, w_at(wq + j * kPanel * 4, 0)));
+          t1 = _mm256_add_epi16(t1, _mm256_maddubs_epi16(x, w_at(wq + j * kPanel * 4, 1)));
+        }
+        s0[i] = _mm256_add_epi32(s0[i], _mm256_madd_epi16(t0, ones16));
+        s1[i] = _mm256_add_epi32(s1[i], _mm256_madd_epi16(t1, ones16));
+      }
+    }
+    for (; qd < q1; ++qd, wq += kPanel * 4) {  // a chunk's last 1-3 quads (k not a multiple of 16)
+      const __m256i w0 = w_at(wq, 0), w1 = w_at(wq, 1);
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        const __m256i x = quad_of(i, qd);
         s0[i] = _mm256_add_epi32(s0[i], _mm256_madd_epi16(_mm256_maddubs_epi16(x, w0), ones16));
         s1[i] = _mm256_add_epi32(s1[i], _mm256_madd_epi16(_mm256_maddubs_epi16(x, w1), ones16));
       }
