@@ -418,14 +418,9 @@ inline void panel_tile(const Activations& a, std::int64_t r0, const Panel& p, st
       s1[i] = off1;
     }
     const std::int8_t* wq = p.values + q0 * kPanel * 4;
-    const auto quad_of = [&](int i, std::int64_t qd) {
-      std::int32_t quad;
-      std::memcpy(&quad, codes + i * a.k + 4 * qd, 4);
-      return _mm256_set1_epi32(quad);
-    };
-    const auto w_at = [](const std::int8_t* w, int half) {
-      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * half));
-    };
+    // No lambdas returning vectors here: a lambda does not inherit this function's target, so a
+    // consumer built without -mavx2 would get an ABI error for its __m256i return.
+    std::int32_t quad;
     std::int64_t qd = q0;
     // kQuadRun quads summed in 16 bits, then widened once: vpmaddubsw and vpmaddwd share one
     // pipe on a Zen 2 (1 per cycle together, measured), so widening every quad made 32 byte
@@ -434,23 +429,29 @@ inline void panel_tile(const Activations& a, std::int64_t r0, const Panel& p, st
     for (; qd + kQuadRun <= q1; qd += kQuadRun, wq += kQuadRun * kPanel * 4) {
 #pragma GCC unroll 6
       for (int i = 0; i < MR; ++i) {
-        __m256i x = quad_of(i, qd);
-        __m256i t0 = _mm256_maddubs_epi16(x, w_at(wq, 0)), t1 = _mm256_maddubs_epi16(x, w_at(wq, 1));
+        std::memcpy(&quad, codes + i * a.k + 4 * qd, 4);
+        __m256i x = _mm256_set1_epi32(quad);
+        __m256i t0 = _mm256_maddubs_epi16(x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq)));
+        __m256i t1 = _mm256_maddubs_epi16(x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32)));
 #pragma GCC unroll 4
         for (int j = 1; j < kQuadRun; ++j) {
-          x = quad_of(i, qd + j);
-          t0 = _mm256_add_epi16(t0, _mm256_maddubs_epi16(x, w_at(wq + j * kPanel * 4, 0)));
-          t1 = _mm256_add_epi16(t1, _mm256_maddubs_epi16(x, w_at(wq + j * kPanel * 4, 1)));
+          const std::int8_t* wj = wq + j * kPanel * 4;
+          std::memcpy(&quad, codes + i * a.k + 4 * (qd + j), 4);
+          x = _mm256_set1_epi32(quad);
+          t0 = _mm256_add_epi16(t0, _mm256_maddubs_epi16(x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wj))));
+          t1 = _mm256_add_epi16(t1, _mm256_maddubs_epi16(x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wj + 32))));
         }
         s0[i] = _mm256_add_epi32(s0[i], _mm256_madd_epi16(t0, ones16));
         s1[i] = _mm256_add_epi32(s1[i], _mm256_madd_epi16(t1, ones16));
       }
     }
     for (; qd < q1; ++qd, wq += kPanel * 4) {  // a chunk's last 1-3 quads (k not a multiple of 16)
-      const __m256i w0 = w_at(wq, 0), w1 = w_at(wq, 1);
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32));
 #pragma GCC unroll 6
       for (int i = 0; i < MR; ++i) {
-        const __m256i x = quad_of(i, qd);
+        std::memcpy(&quad, codes + i * a.k + 4 * qd, 4);
+        const __m256i x = _mm256_set1_epi32(quad);
         s0[i] = _mm256_add_epi32(s0[i], _mm256_madd_epi16(_mm256_maddubs_epi16(x, w0), ones16));
         s1[i] = _mm256_add_epi32(s1[i], _mm256_madd_epi16(_mm256_maddubs_epi16(x, w1), ones16));
       }

@@ -207,17 +207,6 @@ inline std::int64_t row_group_rows(const TileShape& shape, std::int64_t m, std::
   return (rows + shape.mr - 1) / shape.mr * shape.mr;
 }
 
-// C (+)= A op(B) in blocks of shape.kc depth x shape.nr columns, the loop the AVX2 and AVX-512
-// families share: for each depth block and each group of rows (row_group_rows),
-// fill_panel(n0, nvalid, k0, kc) returns the block's panel (an fp32 panel it has just written, or
-// the packed weights themselves where the tile reads them directly), and
-// tile(rows, a, lda, panel, kc, c, ldc, load_c, nvalid) computes C[rows x nr] (+)= A[rows x kc]
-// panel over the group's rows of A, storing only the first `nvalid` columns of C.
-// source(n0, nvalid, k0, kc) says where a block's weights are, so that the block kPrefetchAhead
-// ahead (in the order the panels are filled) is requested a few lines per row tile while the tile
-// works: the tile is bound by arithmetic, the weights stream from memory, and without the request
-// each panel fill waits on its loads. Every C element stays one chain over k in order, whatever
-// the blocking.
 // Requests rows [m0, m1) x columns [n0, n0 + nr) of C (clipped to n) into L1. A tile loads its C
 // tile before its first FMA, and every FMA waits on it; after the first depth block C has left L1
 // (a pass's output, 256 x 1024 floats, is 1 MiB), so each tile began with a wait on L2 or L3.
@@ -234,6 +223,17 @@ inline void request_c_tile(const float* c, std::int64_t ldc, std::int64_t m0, st
   }
 }
 
+// C (+)= A op(B) in blocks of shape.kc depth x shape.nr columns, the loop the AVX2 and AVX-512
+// families share: for each depth block and each group of rows (row_group_rows),
+// fill_panel(n0, nvalid, k0, kc) returns the block's panel (an fp32 panel it has just written, or
+// the packed weights themselves where the tile reads them directly), and
+// tile(rows, a, lda, panel, kc, c, ldc, load_c, nvalid) computes C[rows x nr] (+)= A[rows x kc]
+// panel over the group's rows of A, storing only the first `nvalid` columns of C.
+// source(n0, nvalid, k0, kc) says where a block's weights are, so that the block kPrefetchAhead
+// ahead (in the order the panels are filled) is requested a few lines per row tile while the tile
+// works: the tile is bound by arithmetic, the weights stream from memory, and without the request
+// each panel fill waits on its loads. Every C element stays one chain over k in order, whatever
+// the blocking.
 template <class Tile, class FillPanel, class Source>
 inline void blocked_product(const TileShape& shape, Tile&& tile, const float* a, std::int64_t lda, std::int64_t m,
                             std::int64_t n, std::int64_t k, float* c, std::int64_t ldc, bool accumulate,
