@@ -106,7 +106,7 @@ int cmd_batch(const std::vector<std::string>& args) {
       {"chat", "", "wrap each text prompt as a user turn of the Gemma 4 chat format (prompt_ids stay as given)"},
       {"system", "TEXT", "system turn (with --chat)"},
       {"think", "", "thinking on (with --chat)"},
-      {"seed", "N", "seed of every line that gives none (default 0)"},
+      {"seed", "N", "seed of every line that gives none, in [0, 2^64) (default 0)"},
       {"memory-budget", "MIB", "KV caches and workspace of the running sequences, at most this many MiB"},
       {"check-weights", "", "scan every weight for NaN/Inf at load"},
   };
@@ -134,7 +134,7 @@ int cmd_batch(const std::vector<std::string>& args) {
 
   Options defaults = dg::default_decode_options<Batcher::Sampler, Batcher::Scheduler>(model->generation_config());
   apply_sampler_flags(f, cfg.vocab_size, defaults);
-  defaults.sampler.rng.seed = static_cast<std::uint64_t>(f.integer("seed", 0, 0, INT64_MAX));
+  defaults.sampler.rng.seed = f.unsigned_integer("seed", 0);
   PromptFormat format;
   format.chat = f.flag("chat");
   format.think = f.flag("think");

@@ -131,25 +131,33 @@ class Flags {
     return out;
   }
 
+  // An unsigned integer in [0, 2^64): a seed, which the server and batch files take over all 64 bits.
+  std::uint64_t unsigned_integer(const std::string& name, std::uint64_t fallback) const {
+    if (!has(name)) return fallback;
+    const std::string& v = str(name);
+    const std::size_t start = !v.empty() && (v[0] == '-' || v[0] == '+') ? 1 : 0;
+    std::uint64_t x = 0;
+    if (start == 0 || v[0] == '+') {
+      if (parse_digits(v, start, x)) return x;
+    }
+    if (!all_digits(v.substr(start))) throw UsageError("flag --" + name + ": '" + v + "' is not an integer");
+    throw UsageError("flag --" + name + ": " + v + " is out of range [0, 18446744073709551615]");
+  }
+
   static std::int64_t parse_int(const std::string& name, const std::string& v, std::int64_t lo, std::int64_t hi) {
-    std::size_t i = 0;
-    bool neg = false;
-    if (i < v.size() && (v[i] == '-' || v[i] == '+')) neg = v[i++] == '-';
-    if (i == v.size()) throw UsageError("flag --" + name + ": '" + v + "' is not an integer");
+    const bool neg = !v.empty() && v[0] == '-';
+    const std::size_t start = !v.empty() && (v[0] == '-' || v[0] == '+') ? 1 : 0;
     std::uint64_t acc = 0;
-    for (; i < v.size(); ++i) {
-      if (v[i] < '0' || v[i] > '9') throw UsageError("flag --" + name + ": '" + v + "' is not an integer");
-      const std::uint64_t next = acc * 10 + static_cast<std::uint64_t>(v[i] - '0');
-      if (acc > (std::numeric_limits<std::uint64_t>::max() - 9) / 10 || next > (1ull << 62)) {
-        throw UsageError("flag --" + name + ": '" + v + "' is out of range");
-      }
-      acc = next;
+    const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    if (!parse_digits(v, start, acc)) {
+      if (!all_digits(v.substr(start))) throw UsageError("flag --" + name + ": '" + v + "' is not an integer");
+      throw UsageError("flag --" + name + ": " + v + " is out of range " + range);
     }
-    const std::int64_t x = neg ? -static_cast<std::int64_t>(acc) : static_cast<std::int64_t>(acc);
-    if (x < lo || x > hi) {
-      throw UsageError("flag --" + name + ": " + std::to_string(x) + " is out of range [" + std::to_string(lo) + ", " +
-                       std::to_string(hi) + "]");
-    }
+    // Magnitudes past int64 are out of any range this parser is asked for.
+    const std::uint64_t limit = neg ? std::uint64_t{1} << 63 : static_cast<std::uint64_t>(INT64_MAX);
+    if (acc > limit) throw UsageError("flag --" + name + ": " + v + " is out of range " + range);
+    const std::int64_t x = neg ? static_cast<std::int64_t>(0 - acc) : static_cast<std::int64_t>(acc);
+    if (x < lo || x > hi) throw UsageError("flag --" + name + ": " + std::to_string(x) + " is out of range " + range);
     return x;
   }
 
@@ -162,6 +170,27 @@ class Flags {
   std::string command_, summary_;
   std::vector<FlagSpec> specs_;
   std::map<std::string, std::string> values_;
+
+  static bool all_digits(const std::string& v) {
+    if (v.empty()) return false;
+    for (const char c : v)
+      if (c < '0' || c > '9') return false;
+    return true;
+  }
+  // The decimal digits of v from `start` as a 64-bit count: false when there are none, when
+  // another character is among them, or when the value does not fit 64 bits.
+  static bool parse_digits(const std::string& v, std::size_t start, std::uint64_t& out) {
+    if (start >= v.size()) return false;
+    std::uint64_t acc = 0;
+    for (std::size_t i = start; i < v.size(); ++i) {
+      if (v[i] < '0' || v[i] > '9') return false;
+      const auto d = static_cast<std::uint64_t>(v[i] - '0');
+      if (acc > (std::numeric_limits<std::uint64_t>::max() - d) / 10) return false;
+      acc = acc * 10 + d;
+    }
+    out = acc;
+    return true;
+  }
 };
 
 }  // namespace dgemma

@@ -172,7 +172,7 @@ int cmd_generate(const std::vector<std::string>& args) {
       {"chat", "", "wrap the prompt as a user turn of the Gemma 4 chat format"},
       {"system", "TEXT", "system turn (with --chat)"},
       {"think", "", "thinking on (<|think|> in the system turn; with --chat)"},
-      {"seed", "N", "seed of the counter-based RNG (default 0)"},
+      {"seed", "N", "seed of the counter-based RNG, in [0, 2^64) (default 0)"},
       {"trace", "FILE", "write one JSON line per step and per canvas"},
       {"view", "", "redraw the canvas in place as it denoises (default: on when stderr is a terminal)"},
       {"view-delay", "MS", "pause after each redraw of the view, to watch a fast model denoise (default 0)"},
@@ -216,7 +216,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   using TextDecoder = dg::Decoder<dg::cpu::Engine<dg::DiffusionGemmaBackbone>>;
   auto o = TextDecoder::default_options(model->generation_config());
   apply_sampler_flags(f, cfg.vocab_size, o);
-  o.sampler.rng.seed = static_cast<std::uint64_t>(f.integer("seed", 0, 0, INT64_MAX));
+  o.sampler.rng.seed = f.unsigned_integer("seed", 0);
   o.memory_budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
   TextDecoder decoder(model, engine_options(f, dg::cpu::EngineOptions{}.precision));
   const auto plan = decoder.plan(static_cast<std::int64_t>(prompt.size()), o);  // refuse before any work

@@ -29,6 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     (void)f.flag("chat");
     (void)f.flag("view", true);
     (void)f.integer("seed", 0, 0, INT64_MAX);
+    (void)f.unsigned_integer("seed", 0);
     (void)f.integer("max-new-tokens", 256, 1, 1 << 24);
     (void)f.number("t-min", 0.4, 0.0, 1e6);
     if (f.has("prompt-ids")) (void)f.integers("prompt-ids", 0, 262143);
