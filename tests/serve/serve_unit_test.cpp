@@ -255,6 +255,44 @@ TEST_CASE("serve: request checks name the field at fault", "[serve]") {
   CHECK(r.max_tokens_given);
 }
 
+TEST_CASE("serve: an error message states what is wrong with the value given", "[serve]") {
+  // The message of a refused /v1/completions (chat false) or chat body, and its param.
+  const auto refusal = [](const std::string& body, bool chat, std::string* param) {
+    try {
+      chat ? parse_chat_request(body, limits()) : parse_completion_request(body, limits());
+    } catch (const ApiError& e) {
+      *param = e.param();
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  std::string p;
+  // An empty list is an array: "must be ... an array (got array)" told the client nothing.
+  CHECK(refusal(R"({"model":"m","prompt":[]})", false, &p) == "'prompt' must not be empty");
+  CHECK(p == "prompt");
+  CHECK(refusal(R"({"model":"m","prompt":[[]]})", false, &p) == "'prompt[0]' must not be empty");
+  CHECK(p == "prompt[0]");
+  CHECK(refusal(R"({"model":"m","prompt":[[2,5],[]]})", false, &p) == "'prompt[1]' must not be empty");
+  CHECK(p == "prompt[1]");
+  // Inside a list of prompts a list holds token ids: the element that is not one is named.
+  CHECK(refusal(R"({"model":"m","prompt":["a",["b"]]})", false, &p) ==
+        "'prompt[1][0]' must be an integer token id (got string)");
+  CHECK(p == "prompt[1][0]");
+  CHECK(refusal(R"({"model":"m","prompt":[true]})", false, &p) == "'prompt[0]' must be an integer (got boolean)");
+  CHECK(p == "prompt[0]");
+  CHECK(refusal(R"({"model":"m","prompt":["a",7]})", false, &p) ==
+        "'prompt[1]' must be a string or an array of token ids (got integer)");
+  // A value above the upper bound is not "must be > 0".
+  for (const char* k : {"entropy_bound", "confidence_threshold"}) {
+    INFO(k);
+    const std::string head = R"({"model":"m","messages":[{"role":"user","content":"hi"}],"dgemma":{")" + std::string(k);
+    CHECK(refusal(head + R"(":1e300}})", true, &p) == "'dgemma." + std::string(k) + "' must be in (0, 1e9] (got 1e+300)");
+    CHECK(p == "dgemma." + std::string(k));
+    CHECK(refusal(head + R"(":0}})", true, &p) == "'dgemma." + std::string(k) + "' must be in (0, 1e9] (got 0)");
+    CHECK(refusal(head + R"(":1e9}})", true, &p) == "accepted");
+  }
+}
+
 TEST_CASE("serve: what clients send by default is accepted; what cannot be honoured is named, or refused under --strict",
           "[serve]") {
   std::string p;

@@ -323,7 +323,7 @@ inline void parse_extension(const json& v, const ApiLimits& limits, GenerationRe
       (k == "t_min" ? s.t_min : s.t_max) = t;
     } else if (k == "entropy_bound" || k == "confidence_threshold") {
       const double g = get_number(x, p);
-      if (!(g > 0.0) || g > 1e9) bad_value(p, "must be > 0 (got " + x.dump() + ")");
+      if (!(g > 0.0) || g > 1e9) bad_value(p, "must be in (0, 1e9] (got " + x.dump() + ")");
       (k == "entropy_bound" ? s.entropy_bound : s.confidence_threshold) = g;
     } else if (k == "stability_threshold") {
       s.stability_threshold = static_cast<int>(get_int(x, p, 0, 1 << 20));
@@ -501,11 +501,16 @@ inline GenerationRequest parse_completion_request(const std::string& body, const
     if (v.is_string()) {
       c.text = v.get<std::string>();
       if (c.text.empty()) detail::bad_value(param, "must not be empty");
-    } else if (v.is_array() && !v.empty() && v[0].is_number()) {
+    } else if (v.is_array() && v.empty()) {
+      detail::bad_value(param, "must not be empty");
+    } else if (v.is_array() && !v[0].is_string() && !v[0].is_array()) {
+      // Token ids: each element is checked, and named (prompt[1][3]) when it is not one.
       c.is_ids = true;
       for (std::size_t i = 0; i < v.size(); ++i) {
         c.ids.push_back(detail::get_int(v[i], param + "[" + std::to_string(i) + "]", 0, INT32_MAX));
       }
+    } else if (v.is_array()) {  // a list inside a list of prompts: only token ids
+      detail::bad_type(param + "[0]", "an integer token id", v[0]);
     } else {
       detail::bad_type(param, "a string or an array of token ids", v);
     }
