@@ -85,11 +85,49 @@ void widen(const dg::RawTensor& t, std::int64_t first, std::int64_t n, float* ou
   }
 }
 
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.flush();
+  if (!out) throw dg::Error(dg::StatusCode::kIoError, path + ": cannot write");
+}
+
 void copy_file(const std::string& from, const std::string& to) {
   std::ifstream in(from, std::ios::binary);
   std::ofstream out(to, std::ios::binary);
   out << in.rdbuf();
   if (!in || !out) throw dg::Error(dg::StatusCode::kIoError, "cannot copy " + from + " to " + to);
+}
+
+// The output directory: created, or an existing empty one. A directory that holds anything is
+// refused, so that no file of the user's (a README.md, a tokenizer.json, an earlier run's shards)
+// is overwritten or left beside the new checkpoint.
+void prepare_output_dir(const std::string& dst) {
+  struct stat st {};
+  if (::stat(dst.c_str(), &st) != 0) {
+    if (::mkdir(dst.c_str(), 0755) != 0) throw dg::Error(dg::StatusCode::kIoError, dst + ": cannot create: " + std::strerror(errno));
+    return;
+  }
+  if (!S_ISDIR(st.st_mode)) throw dg::Error(dg::StatusCode::kInvalidArgument, dst + ": exists and is not a directory");
+  if (::access((dst + "/model.safetensors.index.json").c_str(), F_OK) == 0 ||
+      ::access((dst + "/model.safetensors").c_str(), F_OK) == 0) {
+    throw dg::Error(dg::StatusCode::kInvalidArgument, dst + ": already holds a checkpoint; choose an empty directory");
+  }
+  DIR* d = ::opendir(dst.c_str());
+  if (d == nullptr) throw dg::Error(dg::StatusCode::kIoError, dst + ": cannot open: " + std::strerror(errno));
+  std::string first;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n != "." && n != "..") {
+      first = n;
+      break;
+    }
+  }
+  ::closedir(d);
+  if (!first.empty()) {
+    throw dg::Error(dg::StatusCode::kInvalidArgument,
+                    dst + ": is not empty (it holds '" + first + "'); choose a new or empty directory");
+  }
 }
 
 }  // namespace
@@ -101,7 +139,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
           "library, vLLM and transformers load. Experts are written one matrix each. The embedding, norms,\n"
           "router and self-conditioning MLP stay in the source dtype.",
           {{"model", "DIR", "source checkpoint directory"},
-           {"out", "DIR", "output directory (created; must not hold a checkpoint)"},
+           {"out", "DIR", "output directory (created, or an existing empty one)"},
            {"scheme", "S", "w4a16 (int4, packed), w8a16 (int8, packed), int8 (W8A8 layout) or fp8 (E4M3)"},
            {"group-size", "N", "input columns per scale: 32, 64 or 128 (default: 64 for w4a16, per channel otherwise)"},
            {"asymmetric", "", "asymmetric integers with zero points (w4a16 and w8a16)"},
@@ -232,13 +270,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
     total += b;
   }
 
-  if (::mkdir(dst.c_str(), 0755) != 0 && errno != EEXIST) {
-    throw dg::Error(dg::StatusCode::kIoError, dst + ": cannot create: " + std::strerror(errno));
-  }
-  if (::access((dst + "/model.safetensors.index.json").c_str(), F_OK) == 0 ||
-      ::access((dst + "/model.safetensors").c_str(), F_OK) == 0) {
-    throw dg::Error(dg::StatusCode::kInvalidArgument, dst + ": already holds a checkpoint; choose an empty directory");
-  }
+  prepare_output_dir(dst);
   std::fprintf(stderr, "quantize: %s -> %s, %s%s, %zu matrices quantized, %zu shard%s, %.1f MiB\n", src.c_str(),
                dst.c_str(), dg::io::quant_scheme_name(spec.scheme),
                spec.group_size > 0 ? (" group " + std::to_string(spec.group_size)).c_str() : " per channel",
@@ -293,11 +325,11 @@ int cmd_quantize(const std::vector<std::string>& args) {
   nlohmann::ordered_json index;
   index["metadata"] = {{"total_size", total}};
   index["weight_map"] = weight_map;
-  std::ofstream(dst + "/model.safetensors.index.json") << index.dump(2) << "\n";
+  write_text(dst + "/model.safetensors.index.json", index.dump(2) + "\n");
 
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(dg::io::read_text_file(src + "/config.json"));
   config["quantization_config"] = spec.config_json(dg::io::default_ignore());
-  std::ofstream(dst + "/config.json") << config.dump(2) << "\n";
+  write_text(dst + "/config.json", config.dump(2) + "\n");
   // Everything else beside the weights (generation config, tokenizer, chat template) comes along.
   if (DIR* d = ::opendir(src.c_str())) {
     while (const dirent* e = ::readdir(d)) {

@@ -67,4 +67,21 @@ expect_refusal("--group-size" quantize --model ${FIXTURES}/quant/base --out ${WO
 expect_refusal("--asymmetric" quantize --model ${FIXTURES}/quant/base --out ${WORK}/x --scheme fp8 --asymmetric)
 expect_refusal("already quantized" quantize --model ${FIXTURES}/quant/w8a16_channel --out ${WORK}/x --scheme w4a16)
 expect_refusal("already holds a checkpoint" quantize --model ${FIXTURES}/quant/base --out ${WORK}/fp8_channel --scheme fp8)
+# A directory that holds anything is refused before a file in it is touched: quantize would
+# otherwise overwrite a README.md or tokenizer.json of the user's, or leave old shards beside the
+# new ones. So is an output path that is a file.
+file(MAKE_DIRECTORY "${WORK}/not_empty")
+file(WRITE "${WORK}/not_empty/README.md" "mine\n")
+expect_refusal("is not empty \\(it holds 'README.md'\\)" quantize --model ${FIXTURES}/quant/base --out ${WORK}/not_empty --scheme fp8)
+file(READ "${WORK}/not_empty/README.md" kept)
+file(GLOB written "${WORK}/not_empty/*")
+list(LENGTH written n_written)
+if(NOT kept STREQUAL "mine\n" OR NOT n_written EQUAL 1)
+  message(FATAL_ERROR "dgemma quantize wrote into a directory it refused: ${written}")
+endif()
+file(WRITE "${WORK}/a_file" "x")
+expect_refusal("not a directory" quantize --model ${FIXTURES}/quant/base --out ${WORK}/a_file --scheme fp8)
+# An existing empty directory is fine.
+file(MAKE_DIRECTORY "${WORK}/empty")
+run(quantize --model ${FIXTURES}/quant/base --out ${WORK}/empty --scheme fp8)
 message(STATUS "dgemma quantize: all checks passed")
