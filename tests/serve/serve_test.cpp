@@ -444,6 +444,20 @@ void contract(int port) {
         port, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n");
     CHECK(bad_length.rfind("HTTP/1.1 400", 0) == 0 && bad_length.find("bad_request") != std::string::npos,
           "Content-Length -5: '" + bad_length + "'");
+    // Content-Length headers that disagree are a framing error (RFC 9112 6.3), not "the first wins":
+    // a proxy in front that reads the other would see another request boundary.
+    const std::string two_lengths = raw_response(
+        port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+              "Content-Length: 40\r\n\r\n{}GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    CHECK(two_lengths.rfind("HTTP/1.1 400", 0) == 0 && two_lengths.find("bad_request") != std::string::npos &&
+              two_lengths.find("Content-Length headers that disagree") != std::string::npos,
+          "two Content-Length headers: '" + two_lengths + "'");
+    // The same length twice is one length.
+    const std::string same_twice = raw_response(
+        port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+              "Content-Length: 2\r\nConnection: close\r\n\r\n{}");
+    CHECK(same_twice.rfind("HTTP/1.1 400", 0) == 0 && same_twice.find("missing_parameter") != std::string::npos,
+          "the same Content-Length twice: '" + same_twice + "'");
     const std::string expect = raw_response(port,
                                            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
                                            "Content-Type: application/json\r\nContent-Length: 2000000\r\n\r\n");

@@ -335,6 +335,19 @@ class Server {
                                  "", "bad_request"));
         return R::Handled;
       }
+      // Several Content-Length headers that disagree leave the body's end undefined: a proxy in
+      // front may read it by another than the first, which the HTTP library uses (request
+      // smuggling). RFC 9112 (6.3) makes this an unrecoverable framing error.
+      for (std::size_t i = 1; i < req.get_header_value_count("Content-Length"); ++i) {
+        if (req.get_header_value("Content-Length", i) != req.get_header_value("Content-Length")) {
+          res.set_header("Connection", "close");
+          send_error(res, ApiError(400, "the request has Content-Length headers that disagree ('" +
+                                            req.get_header_value("Content-Length") + "' and '" +
+                                            req.get_header_value("Content-Length", i) + "')",
+                                   "", "bad_request"));
+          return R::Handled;
+        }
+      }
       // A POST with neither Content-Length nor chunked encoding has no body (RFC 9112); without
       // this check the HTTP library would wait for the connection to close to find its end.
       if (req.method == "POST" && !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
