@@ -358,6 +358,19 @@ void contract(int port) {
       CHECK(text_of(sj["choices"][1]) == text_of(json::parse(seed6.body)["choices"][0]), sampled.body + " vs " + seed6.body);
       CHECK(sj["usage"]["prompt_tokens"] == alone_prompt_tokens[0] + alone_prompt_tokens[1], sampled.body);
     }
+    // A chat stream with n choices opens each of them with its role chunk, as OpenAI does, so
+    // that a client assembling each choice from its chunks finds its role.
+    const auto chat_n = post(port, "/v1/chat/completions", chat_body("Add: 1 + 2", R"(,"n":3,"max_tokens":16,"stream":true)"));
+    CHECK(chat_n.status == 200 && chat_n.done, chat_n.body);
+    std::vector<int> roles(3, 0);
+    for (const auto& e : chat_n.events) {
+      if (!e.contains("choices")) continue;
+      for (const auto& c : e["choices"]) {
+        const std::size_t i = c["index"].get<std::size_t>();
+        if (i < roles.size() && c["delta"].contains("role")) ++roles[i];
+      }
+    }
+    CHECK((roles == std::vector<int>{1, 1, 1}), "role chunks per choice: " + chat_n.body);
     // One bad prompt refuses the whole request, naming it; nothing runs.
     expect_error(post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":["ok", [2, 99999]]})"), 400,
                  "prompt[1][1]", "invalid_value", "a token id outside the vocabulary in the second prompt");

@@ -1026,8 +1026,14 @@ class Server {
   bool stream_some(Job& job, httplib::DataSink& sink) {
     const auto send = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
     if (job.request.chat && !job.role_sent) {
-      job.role_sent = true;  // OpenAI's first chunk: the role, no content
-      return send(serve::sse_data(job.shape->chunk("", nullptr, /*role=*/true)));
+      // OpenAI's first chunk of each choice: the role, no content (with n > 1, one per index, so
+      // that a client that assembles each choice from its chunks finds its role).
+      job.role_sent = true;
+      std::string roles;
+      for (std::size_t i = 0; i < job.choices.size(); ++i) {
+        roles += serve::sse_data(job.shape->chunk("", nullptr, /*role=*/true, i));
+      }
+      return send(roles);
     }
     auto ev = job.channel->pop(config_.heartbeat);
     if (!ev) return send(serve::sse_comment("keep-alive"));
