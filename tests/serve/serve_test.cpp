@@ -594,6 +594,13 @@ void api_key_and_overload(const std::string& key) {
   auto ok = post(port, "/v1/chat/completions", chat_body("Add: 417 + 385"), key);
   CHECK(ok.status == 200, ok.body);
 
+  // A request with more choices than --max-queue lets wait could never be queued whole: 400 naming
+  // the field, not a 429 that a client would retry in vain (on this idle server it got 429).
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"n":2)"), key), 400, "n", "invalid_value",
+               "n over --max-queue");
+  expect_error(post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":["a","b"]})", key), 400, "prompt",
+               "invalid_value", "prompts over --max-queue");
+
   // One running, one queued at most: the rest of a burst gets 429 in OpenAI's format, and nothing else breaks.
   const std::string slow = R"({"model":")" + kModelId +
                            R"(","prompt":"Sort ascending: 93 44 60 89 20","max_tokens":400,"dgemma":{"stability_threshold":100000}})";

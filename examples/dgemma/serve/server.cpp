@@ -774,6 +774,18 @@ class Server {
         answer_without_tokens(*job, res);
         return;
       }
+      // Each choice waits in the batcher's queue as its own sequence: a request with more of them
+      // than --max-queue could never be queued whole, so it is the client's to change (400), not
+      // a busy server's to retry (429), which a client retrying with backoff would do in vain.
+      if (planned.size() > limits_.max_queue) {
+        const bool by_n = job->request.n > 1;
+        throw ApiError(400, std::string(by_n ? "'n'" : "'prompt'") + ": the request asks for " +
+                                std::to_string(planned.size()) + " sequences (" + std::to_string(prompts) + " prompt" +
+                                (prompts == 1 ? "" : "s") + " x n " + std::to_string(samples) +
+                                "), more than this server queues at once (--max-queue " +
+                                std::to_string(limits_.max_queue) + ")",
+                       by_n ? "n" : "prompt", "invalid_value");
+      }
       for (std::size_t i = 0; i < planned.size(); ++i) {
         try {
           job->choices[i].id = submit(planned[i].first, planned[i].second, job->channel, i, job->request.stream_drafts);
