@@ -258,6 +258,13 @@ int cmd_tokenize(const std::vector<std::string>& args, bool detokenize) {
   }
   if (f.has("text") == f.has("text-file")) throw UsageError("give exactly one of --text, --text-file");
   const std::string text = f.has("text") ? f.str("text") : dg::io::read_text_file(f.str("text-file"));
+  // As `dgemma generate` refuses such a prompt: the tokenizer would encode U+FFFD in place of the
+  // bad bytes, ids that no prompt of the user's ever runs.
+  const auto bad = dg::io::find_invalid_utf8(text);
+  if (bad != std::string::npos) {
+    throw UsageError(std::string(f.has("text") ? "--text" : f.str("text-file")) + " is not valid UTF-8 (byte " +
+                     std::to_string(bad) + ")");
+  }
   std::cout << nlohmann::json(tok.encode(text, !f.flag("no-special"))).dump() << "\n";
   return 0;
 }
