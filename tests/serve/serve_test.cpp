@@ -594,6 +594,12 @@ void api_key_and_overload(const std::string& key) {
   auto ok = post(port, "/v1/chat/completions", chat_body("Add: 417 + 385"), key);
   CHECK(ok.status == 200, ok.body);
 
+  // A body of 400000 nested arrays (800 KB, under the 1 MiB limit) where an error message quotes
+  // the value: refused, and the server lives on (printing it overflowed a thread's stack).
+  const std::string deep = std::string(400000, '[') + std::string(400000, ']');
+  expect_error(post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":"a","logprobs":)" + deep + "}", key),
+               400, "", "invalid_json", "deeply nested body");
+  CHECK(get(port, "/health").status == 200, "the server after a deeply nested body");
   // A request with more choices than --max-queue lets wait could never be queued whole: 400 naming
   // the field, not a 429 that a client would retry in vain (on this idle server it got 429).
   expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"n":2)"), key), 400, "n", "invalid_value",

@@ -293,6 +293,32 @@ TEST_CASE("serve: an error message states what is wrong with the value given", "
   }
 }
 
+TEST_CASE("serve: deeply nested bodies are refused before anything recurses over them", "[serve]") {
+  const auto nested = [](std::size_t levels) { return std::string(levels, '[') + std::string(levels, ']'); };
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"hi"}])";
+  std::string p;
+  // 256 levels in all (the body's object and an unknown field's arrays) pass; one more is refused.
+  CHECK(status_of(chat + R"(,"x":)" + nested(255) + "}", &p) == 200);
+  CHECK(status_of(chat + R"(,"x":)" + nested(256) + "}", &p) == 400);
+  // 400000 levels in 800 KB under a field whose error message quotes the value: the printing
+  // recursed once per level and overflowed the stack (the server died with SIGSEGV).
+  for (const char* key : {"logprobs", "best_of", "temperature"}) {
+    INFO(key);
+    try {
+      parse_completion_request(R"({"model":"m","prompt":"a",")" + std::string(key) + "\":" + nested(400000) + "}", limits());
+      CHECK(false);
+    } catch (const ApiError& e) {
+      CHECK(e.status() == 400);
+      CHECK(e.code() == "invalid_json");
+      CHECK(std::string(e.what()).find("more than 256 deep") != std::string::npos);
+    }
+  }
+  CHECK_THROWS_AS(parse_tokenize_request(R"({"prompt":"a","x":)" + nested(100000) + "}", limits()), ApiError);
+  CHECK_THROWS_AS(parse_llama_completion_request(R"({"prompt":"a","n_probs":)" + nested(100000) + "}", limits()), ApiError);
+  // Brackets inside strings, escaped quotes included, are text, not nesting.
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"\"[)" + std::string(1000, '[') + R"("}]})", &p) == 200);
+}
+
 TEST_CASE("serve: what clients send by default is accepted; what cannot be honoured is named, or refused under --strict",
           "[serve]") {
   std::string p;

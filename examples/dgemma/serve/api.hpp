@@ -337,7 +337,39 @@ inline void parse_extension(const json& v, const ApiLimits& limits, GenerationRe
   if (r.stream_drafts && !r.stream) bad_value("dgemma.stream_drafts", "needs \"stream\": true");
 }
 
+// Arrays and objects nested deeper than this are refused before the body is parsed. The JSON
+// library parses and frees any depth without recursion, but printing a value recurses once per
+// level, and error messages quote the value at fault: {"logprobs": [[[...]]]}, 400000 levels in
+// 800 KB, overflowed an HTTP thread's stack and killed the server. No request needs a tenth of it.
+constexpr std::size_t kMaxJsonDepth = 256;
+
+inline void check_depth(const std::string& body) {
+  std::size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : body) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        throw ApiError(400, "the body nests arrays and objects more than " + std::to_string(kMaxJsonDepth) + " deep", "",
+                       "invalid_json");
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
 inline json parse_object(const std::string& body) {
+  check_depth(body);
   json j;
   try {
     j = json::parse(body);
