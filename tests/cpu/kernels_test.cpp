@@ -643,6 +643,55 @@ TEST_CASE("attention's activation products match a double-precision oracle on ev
   }
 }
 
+TEST_CASE("operands laid out as panels once give matmul_nt's and matmul_nn's bits on any columns and depth",
+          "[cpu][kernels]") {
+  // The attention's use: keys laid out once, scores over columns starting on a panel before the
+  // first key a block sees; values laid out once, P V over a depth range starting anywhere.
+  cpu::KernelContext ctx;
+  ctx.isa = cpu::Isa::kAvx2;
+  if (!cpu::PanelOperand::available(ctx) || cpu::cpu_features().best() < cpu::Isa::kAvx2) {
+    WARN("PanelOperand not run: it is read by the AVX2 family only, which this build or CPU lacks");
+    return;
+  }
+  std::mt19937 rng(61);
+  struct Case {
+    std::int64_t m, n_total, k_total, n0, n, k0, k;  // columns [n0, n0 + n), depth [k0, k0 + k)
+  };
+  const Case cases[] = {{64, 700, 64, 0, 700, 0, 64},  {5, 300, 128, 48, 245, 0, 128}, {37, 40, 33, 16, 3, 0, 33},
+                        {64, 64, 700, 0, 64, 13, 600}, {23, 130, 257, 0, 130, 1, 256}, {6, 17, 520, 0, 17, 259, 261}};
+  for (const bool row_invariant : {true, false}) {
+    ctx.row_invariant = row_invariant;
+    for (const Case& s : cases) {
+      for (const bool nn : {false, true}) {
+        for (const bool accumulate : {false, true}) {
+          INFO((nn ? "a b" : "a b^T") << " m " << s.m << " columns [" << s.n0 << ", " << s.n0 + s.n << ") of " << s.n_total
+                                      << " depth [" << s.k0 << ", " << s.k0 + s.k << ") of " << s.k_total
+                                      << (accumulate ? " accumulate" : "") << (row_invariant ? " row-invariant" : ""));
+          if (!cpu::PanelOperand::matches_matmul(ctx, s.m)) continue;
+          const std::int64_t lda = s.k + 3, ldb = (nn ? s.n_total : s.k_total) + 1, ldc = s.n + 5;
+          const auto a = random_floats(static_cast<std::size_t>(s.m * lda), rng);
+          const auto b = random_floats(static_cast<std::size_t>((nn ? s.k_total : s.n_total) * ldb), rng);
+          const auto c0 = random_floats(static_cast<std::size_t>(s.m * ldc), rng);
+          std::vector<float> want = c0, got = c0;
+          std::vector<float> panels(cpu::PanelOperand::floats(s.n_total, s.k_total), -1.0f);
+          if (nn) {
+            cpu::matmul_nn(ctx, a.data(), lda, b.data() + s.k0 * ldb + s.n0, ldb, want.data(), ldc, s.m, s.n, s.k,
+                           accumulate);
+            cpu::PanelOperand::rows_as_depth(b.data(), ldb, s.k_total, s.n_total, panels.data())
+                .multiply(a.data(), lda, s.m, s.n0, s.n, s.k0, s.k, got.data(), ldc, accumulate);
+          } else {
+            cpu::matmul_nt(ctx, a.data(), lda, b.data() + s.n0 * ldb + s.k0, ldb, want.data(), ldc, s.m, s.n, s.k,
+                           accumulate);
+            cpu::PanelOperand::rows_as_outputs(b.data(), ldb, s.n_total, s.k_total, panels.data())
+                .multiply(a.data(), lda, s.m, s.n0, s.n, s.k0, s.k, got.data(), ldc, accumulate);
+          }
+          CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("the weight prefetcher requests every line of a block once, spread over the steps", "[cpu][kernels]") {
   // Runs of 40 bytes, 100 apart, from an address 24 bytes into a line: runs cross line boundaries.
   alignas(64) static std::byte memory[4096];

@@ -65,6 +65,8 @@ class Engine {
   static constexpr int kMaxTopK = 64;
   static constexpr std::int64_t kQueryBlock = 64;     // attention rows per task
   static constexpr std::int64_t kMinTileQueries = 16;  // fewer queries: fp32 attention
+  // At most this many floats of keys and values laid out as panels per layer (64 MiB; PanelOperand).
+  static constexpr std::size_t kMaxPanelFloats = std::size_t{1} << 24;
 
   explicit Engine(std::shared_ptr<const Model> model, EngineOptions opts = {})
       : model_(std::move(model)), cfg_(model_->config()), opts_(opts) {
@@ -379,6 +381,8 @@ class Engine {
     std::vector<std::uint16_t> keys_bf16, values_bf16;  // per KV head: tile layouts (fast, AMX)
     std::vector<float> scores;                          // one query block's scores (fp32 path)
     std::vector<float> kv_rows;                         // one head's K or V rows being converted
+    std::vector<float> key_panels, value_panels;        // per KV head: PanelOperand layouts (AVX2)
+    std::vector<PanelOperand> keys_laid, values_laid;
   };
 
   static void grow(std::vector<float>& v, std::size_t n) {
@@ -732,7 +736,15 @@ class Engine {
     } else
 #endif
     {
-    const std::size_t per_task = static_cast<std::size_t>(kQueryBlock * Nk);
+    // On AVX2 each KV head's visible keys and values are laid out as panels once per layer, not
+    // once per (query head, query block) product. Passes of a few queries (autoregressive
+    // decoding) would lay out every key for a handful of products, and very long spans would
+    // need a large scratch: those keep the per-call products.
+    const std::size_t key_floats = PanelOperand::floats(Nk, D), value_floats = PanelOperand::floats(D, Nk);
+    const bool laid_out = PanelOperand::available(actx) && T >= kMinTileQueries &&
+                          (key_floats + value_floats) * static_cast<std::size_t>(Hkv) <= kMaxPanelFloats;
+    if (laid_out) lay_out_keys_and_values(l, T, cache, lo, Np, D, Hkv, k, v, own, key_floats, value_floats);
+    const std::size_t per_task = static_cast<std::size_t>(kQueryBlock * (Nk + kernels::kPairPanelWidth));
     parallel_for(
         Hq * blocks,
         [&](std::int64_t task) {
@@ -749,6 +761,19 @@ class Engine {
           grow(scores, per_task);
           float* S = scores.data();
           const float* qh = q + (i0 * Hq + hh) * D;
+          if (laid_out && PanelOperand::matches_matmul(actx, rows)) {
+            // Scores over keys [a0, j1), a0 the panel holding j0; the softmax and P V read [j0, j1).
+            const std::int64_t a0 = j0 / kernels::kPairPanelWidth * kernels::kPairPanelWidth, width = j1 - a0;
+            own.keys_laid[static_cast<std::size_t>(g)].multiply(qh, Hq * D, rows, a0, width, 0, D, S, width, false);
+            for (std::int64_t i = 0; i < rows; ++i) {
+              float* row = S + i * width + (j0 - a0);
+              vmath::mask_row(isa, row, own.visible.data() + (i0 + i) * Nk + j0, span);
+              vmath::softmax_row(isa, row, span);
+            }
+            own.values_laid[static_cast<std::size_t>(g)].multiply(S + (j0 - a0), width, rows, 0, D, j0, span, oh, Hq * D,
+                                                                  false);
+            return;
+          }
           // Scores (scale 1.0) over keys [j0, j1): the cached part, then the new part.
           const std::int64_t c0 = j0, c1 = std::min(j1, Np), n0 = std::max(j0, Np), n1 = j1;
           if (c1 > c0) matmul_nt(actx, qh, Hq * D, cache.keys(l, g) + (lo + c0) * D, D, S, span, rows, c1 - c0, D);
@@ -781,6 +806,46 @@ class Engine {
     }
   }
 
+  // KV head g's visible cached keys (or values), then its new ones, contiguous at `rows`.
+  void gather_head_rows(int l, int g, bool keys, const KvCache& cache, std::int64_t lo, std::int64_t Np, std::int64_t T,
+                        const float* fresh, float* rows) const {
+    const int D = cfg_.layers[l].head_dim, Hkv = cfg_.layers[l].num_kv_heads;
+    const float* cached = keys ? cache.keys(l, g) : cache.values(l, g);
+    if (Np > 0) std::copy(cached + lo * D, cached + (lo + Np) * D, rows);
+    for (std::int64_t t = 0; t < T; ++t) {
+      const float* src = fresh + (t * Hkv + g) * D;
+      std::copy(src, src + D, rows + (Np + t) * D);
+    }
+  }
+
+  // Each KV head's visible cached keys and values, then its new ones, as PanelOperands in `own`.
+  void lay_out_keys_and_values(int l, std::int64_t T, const KvCache& cache, std::int64_t lo, std::int64_t Np, int D,
+                               int Hkv, const float* k, const float* v, AttentionScratch& own, std::size_t key_floats,
+                               std::size_t value_floats) {
+    const std::int64_t Nk = Np + T;
+    grow(own.key_panels, key_floats * static_cast<std::size_t>(Hkv));
+    grow(own.value_panels, value_floats * static_cast<std::size_t>(Hkv));
+    own.keys_laid.resize(static_cast<std::size_t>(Hkv));
+    own.values_laid.resize(static_cast<std::size_t>(Hkv));
+    parallel_for(
+        Hkv,
+        [&](std::int64_t g) {
+          std::vector<float>& kv_rows = this_threads_scratch().kv_rows;
+          grow(kv_rows, static_cast<std::size_t>(Nk * D));
+          float* rows = kv_rows.data();
+          for (int which = 0; which < 2; ++which) {
+            gather_head_rows(l, static_cast<int>(g), which == 0, cache, lo, Np, T, which == 0 ? k : v, rows);
+            const std::size_t at = static_cast<std::size_t>(g);
+            if (which == 0) {
+              own.keys_laid[at] = PanelOperand::rows_as_outputs(rows, D, Nk, D, own.key_panels.data() + key_floats * at);
+            } else {
+              own.values_laid[at] = PanelOperand::rows_as_depth(rows, D, Nk, D, own.value_panels.data() + value_floats * at);
+            }
+          }
+        },
+        threads_for_work(ctx_.threads, 4.0 * static_cast<double>(Hkv * Nk * D)));
+  }
+
 #if DG_X86_KERNELS
   // The attention core of the fast precision on AMX tiles. Each KV head's visible keys and values
   // are converted to bf16 tile layouts once per layer (keys: pairs of dims per key, for q K^T;
@@ -804,13 +869,7 @@ class Engine {
           grow(kv_rows, static_cast<std::size_t>(Nk * D));
           float* rows = kv_rows.data();
           for (int which = 0; which < 2; ++which) {
-            const float* cached = which == 0 ? cache.keys(l, static_cast<int>(g)) : cache.values(l, static_cast<int>(g));
-            const float* fresh = which == 0 ? k : v;
-            if (Np > 0) std::copy(cached + lo * D, cached + (lo + Np) * D, rows);
-            for (std::int64_t t = 0; t < T; ++t) {
-              const float* src = fresh + (t * Hkv + g) * D;
-              std::copy(src, src + D, rows + (Np + t) * D);
-            }
+            gather_head_rows(l, static_cast<int>(g), which == 0, cache, lo, Np, T, which == 0 ? k : v, rows);
             if (which == 0) {
               amx::pack_activations_pairs(rows, D, Nk, D, own.keys_bf16.data() + key_tiles * static_cast<std::size_t>(g));
             } else {

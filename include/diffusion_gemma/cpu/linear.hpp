@@ -635,4 +635,72 @@ inline void matmul_nn(const KernelContext& ctx, const float* a, std::int64_t lda
   detail::gemm_exact(ctx, g);
 }
 
+// An fp32 activation laid out once as the AVX2 tile's panels, for many products against it: an
+// attention layer's keys (q K^T) and values (P V), multiplied by every query block of every query
+// head of their group. matmul_nt and matmul_nn lay out the panels they need on each call; on a
+// Zen 2 that packing was 3 % of the small configuration's commit. Only the AVX2 family reads
+// them (the fp32 attention of the other ISAs goes through matmul_nt and matmul_nn).
+class PanelOperand {
+ public:
+  static bool available(const KernelContext& ctx) {
+#if DG_X86_KERNELS
+    return ctx.isa == Isa::kAvx2;
+#else
+    (void)ctx;
+    return false;
+#endif
+  }
+  // Whether matmul_nt and matmul_nn run the panel tile for m rows, so that multiply gives their
+  // bits (a product of a few rows that may differ by batch takes the few-rows kernel instead).
+  static bool matches_matmul(const KernelContext& ctx, std::int64_t m) {
+    return ctx.row_invariant || m > detail::kStreamRows;
+  }
+  static std::size_t floats(std::int64_t n, std::int64_t k) {
+    return static_cast<std::size_t>((n + kernels::kPairPanelWidth - 1) / kernels::kPairPanelWidth * kernels::kPairPanelWidth * k);
+  }
+
+  // b[n, k] (row-major, rows `ldb` apart) as the operand of x b^T: n outputs, depth k.
+  static PanelOperand rows_as_outputs(const float* b, std::int64_t ldb, std::int64_t n, std::int64_t k, float* out) {
+    return pack(b, ldb, kernels::BForm::kNK, n, k, out);
+  }
+  // b[k, n] as the operand of x b: n outputs, depth k.
+  static PanelOperand rows_as_depth(const float* b, std::int64_t ldb, std::int64_t k, std::int64_t n, float* out) {
+    return pack(b, ldb, kernels::BForm::kKN, n, k, out);
+  }
+
+  // c[m, n] (+)= a[m, k] op(B)[k0 .. k0 + k, n0 .. n0 + n) on the calling thread, n0 a multiple of
+  // 16: the same bits as matmul_nt / matmul_nn on those rows and columns of b, for the rows where
+  // those run the panel tile (more than kStreamRows rows, or row-invariant products).
+  void multiply(const float* a, std::int64_t lda, std::int64_t m, std::int64_t n0, std::int64_t n, std::int64_t k0,
+                std::int64_t k, float* c, std::int64_t ldc, bool accumulate) const {
+#if DG_X86_KERNELS
+    kernels::avx2::gemm_panels(data_ + static_cast<std::size_t>(n0 * k_), k_, k0, a, lda, m, n, k, c, ldc, accumulate);
+#else
+    (void)a, (void)lda, (void)m, (void)n0, (void)n, (void)k0, (void)k, (void)c, (void)ldc, (void)accumulate;
+#endif
+  }
+
+ private:
+  static PanelOperand pack(const float* b, std::int64_t ldb, kernels::BForm form, std::int64_t n, std::int64_t k,
+                           float* out) {
+    PanelOperand p;
+    p.data_ = out;
+    p.k_ = k;
+#if DG_X86_KERNELS
+    kernels::MatrixB mb;
+    mb.data = reinterpret_cast<const std::byte*>(b);
+    mb.dtype = DType::kF32;
+    mb.ld = ldb;
+    mb.form = form;
+    kernels::avx2::pack_panels(mb, n, k, out);
+#else
+    (void)b, (void)ldb, (void)form, (void)n;
+#endif
+    return p;
+  }
+
+  const float* data_ = nullptr;
+  std::int64_t k_ = 0;
+};
+
 }  // namespace diffusion_gemma::cpu

@@ -258,6 +258,35 @@ inline void gemm_packed(const Gemm& g) {
       });
 }
 
+// ---- fp32 operands laid out as panels once, read by the tile directly -------------------------
+
+// Lays out all of b (as op(B) of a product with n columns and depth k) at `out`: panel p holds
+// columns [16p, 16p + 16) over the whole depth, [k][16] (padding columns zero), the values
+// gemm_packed's panels hold, for all depth blocks at once.
+inline void pack_panels(const MatrixB& b, std::int64_t n, std::int64_t k, float* out) {
+  for (std::int64_t n0 = 0; n0 < n; n0 += kNr) {
+    pack_panel<DType::kF32>(b, n0, n - n0 < kNr ? n - n0 : kNr, 0, k, out + static_cast<std::size_t>(n0 * k));
+  }
+}
+
+// C[m, n] (+)= A[m, k] op(B) for op(B) laid out by pack_panels with depth `depth` (>= k0 + k),
+// over depth rows [k0, k0 + k): gemm_packed's blocked loop and tile on the stored panels, so the
+// same bits as gemm_packed on b's rows [k0, k0 + k), without packing a panel per call.
+inline void gemm_panels(const float* panels, std::int64_t depth, std::int64_t k0, const float* a, std::int64_t lda,
+                        std::int64_t m, std::int64_t n, std::int64_t k, float* c, std::int64_t ldc, bool accumulate) {
+  if (m <= 0 || n <= 0) return;
+  const auto at = [&](std::int64_t n0, std::int64_t kb) {
+    return panels + static_cast<std::size_t>(n0 * depth + (k0 + kb) * kNr);
+  };
+  blocked_product(
+      TileShape{kKc, kNr, kMr}, &micro_rows, a, lda, m, n, k, c, ldc, accumulate,
+      [&](std::int64_t n0, std::int64_t, std::int64_t kb, std::int64_t) { return at(n0, kb); },
+      [&](std::int64_t n0, std::int64_t, std::int64_t kb, std::int64_t kc) {
+        return PanelSource{reinterpret_cast<const std::byte*>(at(n0, kb)), 1,
+                           static_cast<std::size_t>(kc * kNr) * sizeof(float), 0};
+      });
+}
+
 // ---- BF16 weights packed as pair tiles, read by the tile directly ------------------------------
 
 // Depth per block: a block of a pair-tile panel (512 x 16 bf16, 16 KiB) takes the L1 room of an
