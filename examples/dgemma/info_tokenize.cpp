@@ -93,7 +93,8 @@ int cmd_info(const std::vector<std::string>& args) {
   const std::string dir = f.str("model", DG_DEFAULT_MODEL_DIR);
   if (::access(dir.c_str(), F_OK) != 0) throw dg::Error(dg::StatusCode::kNotFound, dir + ": model directory does not exist");
   const dg::ModelConfig c = dg::io::load_model_config(dir);
-  const dg::GenerationConfig g = dg::io::load_generation_config(dir);
+  dg::GenerationConfig g = dg::io::load_generation_config(dir);
+  g.restrict_to_vocabulary(c.vocab_size);  // as a load does: PAD checked, stop ids outside it dropped
   const ParamCounts p = count_params(c);
 
   // Weights: the files when present (the CPU back-end uses them in place), else the config's dtype.
@@ -168,6 +169,8 @@ int cmd_info(const std::vector<std::string>& args) {
                                 {"experts", c.num_experts},
                                 {"top_k_experts", c.top_k_experts},
                                 {"canvas_length", c.canvas_length},
+                                {"stop_token_ids", g.stop_token_ids},
+                                {"ignored_stop_token_ids", g.ignored_stop_token_ids},
                                 {"parameters_total", p.total},
                                 {"parameters_active_per_token", p.active},
                                 {"weights_present", has_weights},
@@ -202,6 +205,16 @@ int cmd_info(const std::vector<std::string>& args) {
     std::printf("canvas           %d tokens; up to %d steps, entropy bound %g, T %g -> %g\n", c.canvas_length,
                 g.max_denoising_steps, g.entropy_bound, g.t_max, g.t_min);
   }
+  const auto id_list = [](const std::vector<int>& ids) {
+    std::string s;
+    for (const int id : ids) s += (s.empty() ? "" : ", ") + std::to_string(id);
+    return s.empty() ? std::string("none") : s;
+  };
+  std::printf("stop ids         %s", id_list(g.stop_token_ids).c_str());
+  if (!g.ignored_stop_token_ids.empty()) {
+    std::printf(" (%s ignored: outside the vocabulary)", id_list(g.ignored_stop_token_ids).c_str());
+  }
+  std::printf("\n");
   std::printf("parameters       %s total, %s active per token\n", human_count(p.total).c_str(), human_count(p.active).c_str());
   if (has_weights) {
     std::printf("weights          %s in %zu file%s, used in place (memory-mapped, not copied)\n",

@@ -146,4 +146,10 @@ TEST_CASE("token ids outside the vocabulary are refused before anything reads th
   std::ofstream(e.dir + "/generation_config.json") << R"({"eos_token_id": [1], "pad_token_id": 262143})";
   CHECK_THROWS_WITH(cpu::Model::load(e.dir), Catch::Matchers::Contains("generation_config.json: pad_token_id 262143 is "
                                                                        "outside the vocabulary"));
+  // Stop ids outside the vocabulary are dropped at load, not refused (they can never be sampled).
+  const dg_test::EditedCheckpoint s("stop_outside_vocab", {}, {}, {});
+  std::ofstream(s.dir + "/generation_config.json") << R"({"eos_token_id": [1, 106, )" << V << "]}";
+  const auto loaded = cpu::Model::load(s.dir);
+  CHECK(loaded->generation_config().stop_token_ids == std::vector<int>{1, 106});
+  CHECK(loaded->generation_config().ignored_stop_token_ids == std::vector<int>{static_cast<int>(V)});
 }

@@ -37,7 +37,7 @@ inline LoadedCheckpoint load_checkpoint(const std::string& dir, const LoadOption
   c.dir = dir;
   c.config = load_model_config(dir);
   c.generation = load_generation_config(dir);
-  c.generation.validate_token_ids(c.config.vocab_size);
+  c.generation.restrict_to_vocabulary(c.config.vocab_size);
   c.quantization = load_quantization_config(dir);
   auto ckpt = std::make_shared<Checkpoint>(dir);
   if (options.check_finite) check_weights_finite(*ckpt);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <diffusion_gemma/core/dtype.hpp>
@@ -120,9 +121,9 @@ struct ModelConfig {
     if (bos_token_id < 0 || bos_token_id >= vocab_size) {
       fail("bos_token_id ", bos_token_id, " is outside the vocabulary (vocab_size ", vocab_size, ")");
     }
-    for (const int id : eos_token_ids) {
-      if (id < 0 || id >= vocab_size) fail("eos_token_id ", id, " is outside the vocabulary (vocab_size ", vocab_size, ")");
-    }
+    // eos_token_id is not checked: generation reads its stop ids from generation_config.json
+    // (GenerationConfig), and checkpoints cut down from the released config keep its [1, 106]
+    // under a small vocabulary, which transformers loads.
   }
 };
 
@@ -157,18 +158,24 @@ struct GenerationConfig {
     if (!(confidence_threshold > 0.0)) fail("confidence_threshold must be > 0 (got ", confidence_threshold, ")");
   }
 
-  // The ids must be tokens of the model this configuration is used with: PAD fills a canvas after
-  // a stop id and is then embedded, and a stop id outside the vocabulary could never end a
-  // generation (a sign of a generation_config.json from another model).
-  void validate_token_ids(std::int64_t vocab_size) const {
-    const auto fail = [&](const char* key, int id) {
-      throw_error(StatusCode::kInvalidArgument, source, ": ", key, " ", id, " is outside the vocabulary (vocab_size ",
-                  vocab_size, ")");
-    };
-    if (pad_token_id < 0 || pad_token_id >= vocab_size) fail("pad_token_id", pad_token_id);
-    for (const int id : stop_token_ids) {
-      if (id < 0 || id >= vocab_size) fail("eos_token_id", id);
+  // Stop ids outside the vocabulary that restrict_to_vocabulary() took out of stop_token_ids.
+  std::vector<int> ignored_stop_token_ids;
+
+  // Binds the ids to the model's vocabulary. PAD must be a token: it fills a canvas after a stop id
+  // and is then embedded. A stop id outside the vocabulary can never be sampled, so it is dropped
+  // (and kept in ignored_stop_token_ids for `dgemma info`), not refused: the default set {1, 106,
+  // 50} and the released generation_config.json name 106 and 50, which a model cut down to a
+  // smaller vocabulary does not have, and transformers runs such a model.
+  void restrict_to_vocabulary(std::int64_t vocab_size) {
+    if (pad_token_id < 0 || pad_token_id >= vocab_size) {
+      throw_error(StatusCode::kInvalidArgument, source, ": pad_token_id ", pad_token_id,
+                  " is outside the vocabulary (vocab_size ", vocab_size, ")");
     }
+    std::vector<int> kept;
+    for (const int id : stop_token_ids) {
+      (id >= 0 && id < vocab_size ? kept : ignored_stop_token_ids).push_back(id);
+    }
+    stop_token_ids = std::move(kept);
   }
 };
 
