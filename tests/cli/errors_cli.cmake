@@ -6,19 +6,7 @@ cmake_policy(VERSION 3.21)
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 
-function(expect_usage_error pattern)
-  execute_process(COMMAND ${DGEMMA} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 2 OR NOT err MATCHES "${pattern}")
-    message(FATAL_ERROR "dgemma ${ARGN}: expected exit code 2 and an error matching '${pattern}', got ${rc}:\n${out}\n${err}")
-  endif()
-endfunction()
-
-function(expect_failure pattern)
-  execute_process(COMMAND ${DGEMMA} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(rc EQUAL 0 OR NOT err MATCHES "${pattern}")
-    message(FATAL_ERROR "dgemma ${ARGN}: expected an error matching '${pattern}', got ${rc}:\n${out}\n${err}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/expect_dgemma.cmake)
 
 # Invalid UTF-8 is refused by tokenize as by generate (it encoded U+FFFD for the bad bytes).
 file(WRITE "${WORK}/bad.txt" "Add: 1 + 2")

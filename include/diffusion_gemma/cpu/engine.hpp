@@ -818,6 +818,27 @@ class Engine {
     }
   }
 
+  // The KV heads in parallel: each one's keys, then its values, gathered as rows (Nk x D) and
+  // handed to lay_out(g, keys, rows), which converts them to the layout its kernels read.
+  template <class LayOut>
+  void lay_out_head_rows(int l, std::int64_t T, const KvCache& cache, std::int64_t lo, std::int64_t Np, const float* k,
+                         const float* v, const LayOut& lay_out) {
+    const int D = cfg_.layers[l].head_dim, Hkv = cfg_.layers[l].num_kv_heads;
+    const std::int64_t Nk = Np + T;
+    parallel_for(
+        Hkv,
+        [&](std::int64_t g) {
+          std::vector<float>& kv_rows = this_threads_scratch().kv_rows;
+          grow(kv_rows, static_cast<std::size_t>(Nk * D));
+          float* rows = kv_rows.data();
+          for (const bool keys : {true, false}) {
+            gather_head_rows(l, static_cast<int>(g), keys, cache, lo, Np, T, keys ? k : v, rows);
+            lay_out(static_cast<std::size_t>(g), keys, rows);
+          }
+        },
+        threads_for_work(ctx_.threads, 4.0 * static_cast<double>(Hkv * Nk * D)));
+  }
+
   // Each KV head's visible cached keys and values, then its new ones, as PanelOperands in `own`.
   void lay_out_keys_and_values(int l, std::int64_t T, const KvCache& cache, std::int64_t lo, std::int64_t Np, int D,
                                int Hkv, const float* k, const float* v, AttentionScratch& own, std::size_t key_floats,
@@ -827,23 +848,13 @@ class Engine {
     grow(own.value_panels, value_floats * static_cast<std::size_t>(Hkv));
     own.keys_laid.resize(static_cast<std::size_t>(Hkv));
     own.values_laid.resize(static_cast<std::size_t>(Hkv));
-    parallel_for(
-        Hkv,
-        [&](std::int64_t g) {
-          std::vector<float>& kv_rows = this_threads_scratch().kv_rows;
-          grow(kv_rows, static_cast<std::size_t>(Nk * D));
-          float* rows = kv_rows.data();
-          for (int which = 0; which < 2; ++which) {
-            gather_head_rows(l, static_cast<int>(g), which == 0, cache, lo, Np, T, which == 0 ? k : v, rows);
-            const std::size_t at = static_cast<std::size_t>(g);
-            if (which == 0) {
-              own.keys_laid[at] = PanelOperand::rows_as_outputs(rows, D, Nk, D, own.key_panels.data() + key_floats * at);
-            } else {
-              own.values_laid[at] = PanelOperand::rows_as_depth(rows, D, Nk, D, own.value_panels.data() + value_floats * at);
-            }
-          }
-        },
-        threads_for_work(ctx_.threads, 4.0 * static_cast<double>(Hkv * Nk * D)));
+    lay_out_head_rows(l, T, cache, lo, Np, k, v, [&](std::size_t g, bool keys, const float* rows) {
+      if (keys) {
+        own.keys_laid[g] = PanelOperand::rows_as_outputs(rows, D, Nk, D, own.key_panels.data() + key_floats * g);
+      } else {
+        own.values_laid[g] = PanelOperand::rows_as_depth(rows, D, Nk, D, own.value_panels.data() + value_floats * g);
+      }
+    });
   }
 
 #if DG_X86_KERNELS
@@ -861,23 +872,13 @@ class Engine {
     const std::size_t key_tiles = amx::packed_size(Nk, D), value_tiles = static_cast<std::size_t>(Nk32 * amx::round_up(D, 16));
     if (own.keys_bf16.size() < key_tiles * Hkv) own.keys_bf16.resize(key_tiles * Hkv);
     if (own.values_bf16.size() < value_tiles * Hkv) own.values_bf16.resize(value_tiles * Hkv);
-    parallel_for(
-        Hkv,
-        [&](std::int64_t g) {
-          // This head's visible cached rows then its new rows, contiguous, for each of K and V.
-          std::vector<float>& kv_rows = this_threads_scratch().kv_rows;
-          grow(kv_rows, static_cast<std::size_t>(Nk * D));
-          float* rows = kv_rows.data();
-          for (int which = 0; which < 2; ++which) {
-            gather_head_rows(l, static_cast<int>(g), which == 0, cache, lo, Np, T, which == 0 ? k : v, rows);
-            if (which == 0) {
-              amx::pack_activations_pairs(rows, D, Nk, D, own.keys_bf16.data() + key_tiles * static_cast<std::size_t>(g));
-            } else {
-              amx::pack_pair_tiles(rows, D, Nk, D, own.values_bf16.data() + value_tiles * static_cast<std::size_t>(g));
-            }
-          }
-        },
-        threads_for_work(ctx_.threads, 4.0 * static_cast<double>(Hkv * Nk * D)));
+    lay_out_head_rows(l, T, cache, lo, Np, k, v, [&](std::size_t g, bool keys, const float* rows) {
+      if (keys) {
+        amx::pack_activations_pairs(rows, D, Nk, D, own.keys_bf16.data() + key_tiles * g);
+      } else {
+        amx::pack_pair_tiles(rows, D, Nk, D, own.values_bf16.data() + value_tiles * g);
+      }
+    });
     const std::int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
     // Scores and values on tiles over every visible key (an upper bound: masks narrow the spans).
     const double attention_macs = 2.0 * static_cast<double>(Hq) * static_cast<double>(T) * static_cast<double>(Nk) * D;
