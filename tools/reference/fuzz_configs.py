@@ -32,7 +32,9 @@ transformers' own bf16 run as the yardstick) and max |diff| per output.
 
 Statuses: ok; fp32_noise (over --tol from transformers fp32, but no farther from an fp64 run of the
 same reference than max(--tol, 1.5x) what fp32 runs with one-ulp weight noise reach: rounding in an
-ill-conditioned random net, typically a near-tie in the top-k router); mismatch (farther); refused
+ill-conditioned random net, typically a near-tie in the top-k router: the smallest relative gap
+between the k-th and (k+1)-th router probability in the fp64 run is recorded as
+router_min_relative_gap, and a few 1e-7 there is an fp32 coin flip); mismatch (farther); refused
 (dgemma names an unsupported feature); error (dgemma fails with another message); crash (signal, or
 no message); reference_rejects (transformers itself cannot build or run the config; what dgemma says
 is still recorded). Everything but ok is kept under WORK/fail_<name> (checkpoint and command); one JSON line
@@ -396,6 +398,32 @@ def golden(case, model, k, gen, ids=None):
 ULP_RUNS = 8
 
 
+class router_gap:
+    """Within the context, the smallest gap between the k-th and (k+1)-th router probability of any
+    token in any MoE layer of `model`, relative to the k-th (`.min`; inf without a router). A gap of
+    a few 1e-7 is a coin flip for fp32 rounding: either expert set is a right answer, and the two
+    differ by a whole expert's output. Hooks every module whose class name ends in "Router"."""
+
+    def __init__(self, model):
+        self.model, self.min, self.handles = model, float("inf"), []
+
+    def __enter__(self):
+        for mod in self.model.modules():
+            if type(mod).__name__.endswith("Router") and hasattr(mod, "config"):
+                self.handles.append(mod.register_forward_hook(self.hook))
+        return self
+
+    def hook(self, mod, inputs, out):
+        k, probs = mod.config.top_k_experts, out[0]
+        if k < probs.shape[-1]:
+            top = probs.double().topk(k + 1, dim=-1).values
+            self.min = min(self.min, ((top[:, k - 1] - top[:, k]) / top[:, k - 1]).min().item())
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+
 def ulp_perturbed(model, i):
     """A copy whose every parameter is multiplied by 1 + u, |u| <= 2^-23 (about one fp32 ulp)."""
     gen = torch.Generator().manual_seed(1000 + i)
@@ -470,11 +498,18 @@ def run_case(case, args):
     except Exception as e:  # the reference itself rejects the config: not our bug, but say so
         return reference_rejects(case, rec, e, ckpt, work, args)
     rec["config"] = summarize_config(case, j)
+    return compare_with_reference(case, args, model, ckpt, work, rec, t0)
+
+
+def compare_with_reference(case, args, model, ckpt, work, rec, t0):
+    """Golden logits from `model` (fp32 transformers) for every prompt of the case, `dgemma parity` on
+    `ckpt` in each precision, and the status (fuzz_quantized.py calls it with the dequantized model
+    and the quantized checkpoint). Keeps `work` under WORK/fail_<name> unless ok."""
     gen = torch.Generator().manual_seed(case.get("seed", 0) + 1)
     rec["cases"], worst, worst_fast, spread, worst_vs_f64 = [], 0.0, 0.0, 0.0, 0.0
     # The yardstick for --precision fast: transformers' own bf16 run against its fp32 one.
     model_bf16 = copy.deepcopy(model).to(torch.bfloat16) if args.fast else None
-    model_f64, noisy, g64s, gnoisy = None, [], {}, {}
+    model_f64, noisy, g64s, gnoisy, router_gaps, min_gap = None, [], {}, {}, {}, float("inf")
     status, failing_cmd = "ok", None
     for k in range(len(case["prompts"])):
         try:
@@ -520,7 +555,9 @@ def run_case(case, args):
                         model_f64 = copy.deepcopy(model).to(torch.float64)
                         noisy = [ulp_perturbed(model, i) for i in range(ULP_RUNS)]
                     if k not in g64s:
-                        g64s[k] = golden(case, model_f64, k, None, ids=g)
+                        with router_gap(model_f64) as gap:
+                            g64s[k] = golden(case, model_f64, k, None, ids=g)
+                        router_gaps[k] = gap.min
                         gnoisy[k] = [golden(case, mp, k, None, ids=g) for mp in noisy]
                     g64 = g64s[k]
                     den_key = "denoise_sc_logits" if sc else "denoise_logits"
@@ -530,7 +567,9 @@ def run_case(case, args):
                     ours = max(max_diff(r["out"][o_key], g64[g_key]) for g_key, o_key in pairs)
                     theirs = max(max_diff(g[g_key], g64[g_key]) for g_key, _ in pairs)
                     envelope = max(max_diff(gn[g_key], g64[g_key]) for gn in gnoisy[k] for g_key, _ in pairs)
-                    row[tag]["fp64"] = {"dgemma": ours, "transformers_fp32": theirs, "fp32_ulp_envelope": envelope}
+                    row[tag]["fp64"] = {"dgemma": ours, "transformers_fp32": theirs, "fp32_ulp_envelope": envelope,
+                                        "router_min_relative_gap": router_gaps[k]}
+                    min_gap = min(min_gap, router_gaps[k])
                     worst_vs_f64 = max(worst_vs_f64, ours)
                     if ours > max(args.tol, 1.5 * max(theirs, envelope)):
                         if status != "mismatch":
@@ -546,6 +585,7 @@ def run_case(case, args):
             break
     rec.update(status=status, worst_exact=worst, worst_fast=worst_fast if args.fast else None,
                worst_exact_vs_fp64=worst_vs_f64 if model_f64 is not None else None,
+               router_min_relative_gap=min_gap if min_gap != float("inf") else None,
                ref_bf16_spread=spread if args.fast else None,
                seconds=round(time.time() - t0, 2))
     if status != "ok":
@@ -586,6 +626,8 @@ def line(rec):
         s += f" exact {rec['worst_exact']:.3g}"
         if rec.get("worst_exact_vs_fp64") is not None:
             s += f" (vs fp64 {rec['worst_exact_vs_fp64']:.3g})"
+        if rec.get("router_min_relative_gap") is not None:
+            s += f" router gap {rec['router_min_relative_gap']:.2g}"
         if rec.get("worst_fast") is not None:
             s += f"  fast {rec['worst_fast']:.3g} (transformers bf16: {rec['ref_bf16_spread']:.3g})"
     elif rec["status"] == "reference_rejects":
