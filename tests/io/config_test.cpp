@@ -250,8 +250,8 @@ TEST_CASE("generation_config.json: values, nulls fall back to the reference defa
   CHECK_THROWS_WITH(io::parse_generation_config(steps, "g.json"), Contains("max_denoising_steps must be in [1, 1048576]"));
   const Json sampler = Json::parse(R"({"sampler_config": {"_cls_name": "TopKSampler"}})");
   CHECK_THROWS_WITH(io::parse_generation_config(sampler, "g.json"), Contains("TopKSampler"));
-  // PAD and stop ids are checked against the model's vocabulary when both files are known
-  // (io::load_checkpoint): PAD is embedded after a stop id.
+  // PAD and stop ids are bound to the model's vocabulary when both files are known
+  // (io::load_checkpoint): PAD must be a token, since it is embedded after a stop id.
   GenerationConfig pad = io::parse_generation_config(Json::parse(R"({"pad_token_id": 300})"), "g.json");
   CHECK_NOTHROW(GenerationConfig(pad).restrict_to_vocabulary(301));
   CHECK_THROWS_WITH(pad.restrict_to_vocabulary(300), Contains("g.json: pad_token_id 300 is outside the vocabulary (vocab_size 300)"));

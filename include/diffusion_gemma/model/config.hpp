@@ -140,6 +140,8 @@ struct GenerationConfig {
   int stability_threshold = 1;
   double confidence_threshold = 0.005;
   std::vector<int> stop_token_ids{1, 106, 50};
+  // Stop ids outside the vocabulary that restrict_to_vocabulary() took out of stop_token_ids.
+  std::vector<int> ignored_stop_token_ids;
   int pad_token_id = 0;
   // The most denoising steps per canvas a configuration may ask for (`dgemma --max-denoising-steps`
   // has the same bound): beyond it a run would not end in any useful time.
@@ -157,9 +159,6 @@ struct GenerationConfig {
     if (stability_threshold < 0) fail("stability_threshold must be >= 0 (got ", stability_threshold, ")");
     if (!(confidence_threshold > 0.0)) fail("confidence_threshold must be > 0 (got ", confidence_threshold, ")");
   }
-
-  // Stop ids outside the vocabulary that restrict_to_vocabulary() took out of stop_token_ids.
-  std::vector<int> ignored_stop_token_ids;
 
   // Binds the ids to the model's vocabulary. PAD must be a token: it fills a canvas after a stop id
   // and is then embedded. A stop id outside the vocabulary can never be sampled, so it is dropped
