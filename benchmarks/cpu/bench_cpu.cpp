@@ -63,12 +63,18 @@ std::string arg(int argc, char** argv, const char* name, const std::string& fall
 }
 
 // Model FLOPs of a pass over T tokens at positions p0.. (multiply-add = 2), counting the keys each
-// query sees (docs/model.md §5) and, for a denoising step, the self-conditioning MLP.
+// query sees (docs/model.md §5) and, for a denoising step, the self-conditioning MLP. An encoder
+// pass that only fills the cache (prefill, commit) computes no more than the K/V projections of its
+// last layer (cpu/engine.hpp), and only that is counted there.
 double pass_flops(const dg::ModelConfig& c, std::int64_t T, std::int64_t p0, bool denoise, bool soft) {
   const double H = c.hidden_size, I = c.intermediate_size, Hq = c.num_heads;
   double f = 0.0;
   for (const auto& s : c.layers) {
     const double D = s.head_dim, kv = s.num_kv_heads * D;
+    if (!denoise && &s == &c.layers.back()) {
+      f += 2.0 * T * H * kv * (s.has_v_proj ? 2 : 1);  // k, v
+      break;
+    }
     f += 2.0 * T * H * (Hq * D + kv * (s.has_v_proj ? 2 : 1)) + 2.0 * T * Hq * D * H;  // q, k, v, o
     f += 2.0 * T * 3.0 * H * I;                                                       // dense MLP
     if (c.enable_moe_block) {

@@ -204,6 +204,55 @@ TEST_CASE("encoder chunking is exact: the same logits with 3-token passes", "[mo
                     Catch::Matchers::Contains("cpu::EngineOptions::max_pass_tokens 0 must be positive"));
 }
 
+// Prefill and commit ask for no hidden states, so their last layer stops once its K/V are cached
+// (cpu/engine.hpp). The cache must hold the same bits as after a full pass, alone and batched, and
+// the denoiser over it must still match transformers.
+TEST_CASE("an encoder pass without hidden states caches the same K/V as a full pass", "[model][cpu][golden]") {
+  cpu::EngineOptions fast;
+  fast.precision = cpu::Precision::kFast;
+  for (const char* name : {"dg_small", "dg_wide", "quant/w4a16_asym_g64"}) {
+    for (const cpu::EngineOptions& opts : {exact(), fast}) {
+      INFO(name << " " << cpu::precision_name(opts.precision));
+      Harness<DiffusionGemmaBackbone> h(dg_test::fixture(name), opts);
+      const ModelConfig& cfg = h.model->config();
+      const io::SafetensorsFile golden(dg_test::fixture(std::string(name) + "/golden.safetensors"));
+      const auto prompt = dg_test::ids(golden, "case1.prompt_ids"), commit = dg_test::ids(golden, "case1.commit_ids");
+      const std::int64_t P = static_cast<std::int64_t>(prompt.size()), n = static_cast<std::int64_t>(commit.size());
+      const std::int64_t capacity = P + 2 * cfg.canvas_length;
+      cpu::KvCache full = h.engine.make_cache(capacity), cached = h.engine.make_cache(capacity);
+      cpu::KvCache batched = h.engine.make_cache(capacity), other = h.engine.make_cache(capacity);
+      h.encode_logits(prompt, full);
+      h.encode_logits(commit, full);
+      h.engine.encode(prompt.data(), P, cached);
+      h.engine.encode(commit.data(), n, cached);
+      // Batched beside another sequence of a different length: the same rows of the stacked pass.
+      const std::vector<std::int32_t> side(commit.begin(), commit.begin() + n / 2);
+      const EncodeItem<cpu::KvCache> first[] = {{prompt.data(), P, &batched}, {side.data(), n / 2, &other}};
+      h.engine.encode_batch(first, 2);
+      const EncodeItem<cpu::KvCache> second[] = {{commit.data(), n, &batched}};
+      h.engine.encode_batch(second, 1);
+      REQUIRE(cached.length() == full.length());
+      REQUIRE(batched.length() == full.length());
+      for (int l = 0; l < cfg.num_layers(); ++l) {
+        const LayerSpec& spec = cfg.layers[static_cast<std::size_t>(l)];
+        const std::size_t bytes = static_cast<std::size_t>(full.length() * spec.head_dim) * sizeof(float);
+        for (int g = 0; g < spec.num_kv_heads; ++g) {
+          INFO("layer " << l << " KV head " << g);
+          CHECK(std::memcmp(cached.keys(l, g), full.keys(l, g), bytes) == 0);
+          CHECK(std::memcmp(cached.values(l, g), full.values(l, g), bytes) == 0);
+          CHECK(std::memcmp(batched.keys(l, g), full.keys(l, g), bytes) == 0);
+          CHECK(std::memcmp(batched.values(l, g), full.values(l, g), bytes) == 0);
+        }
+      }
+      if (opts.precision == cpu::Precision::kExact) {
+        const auto got = h.denoise_logits(dg_test::ids(golden, "case1.canvas2_ids"), cached);
+        const double tolerance = std::string(name).rfind("quant/", 0) == 0 ? 1e-3 : kLogitTolerance;
+        CHECK(dg_test::max_abs_diff(got, dg_test::floats(golden, "case1.denoise2_logits")) < tolerance);
+      }
+    }
+  }
+}
+
 TEST_CASE("request_bytes sizes the workspace by the largest pass, not by the prompt", "[model][cpu]") {
   Harness<DiffusionGemmaBackbone> h(dg_test::fixture("dg_small"));
   const std::int64_t C = h.model->config().canvas_length;

@@ -4,7 +4,9 @@
 //   encode():  causal pass over new tokens at positions cache.length()..; appends K/V to the cache;
 //   denoise(): bidirectional pass over a canvas at positions cache.length()..; reads the cache only.
 // Both return the final-normed hidden states; lm_head() and the streaming VocabPass turn them
-// into logits or per-position sampling statistics.
+// into logits or per-position sampling statistics. An encoder pass asked for no hidden states (a
+// prefill or a commit during generation) stops its last layer once that layer's K/V are cached:
+// the rest of the layer would only feed hidden states nobody reads.
 //
 // Every product with a weight goes through cpu/linear.hpp with the engine's KernelContext
 // (instruction set found at run time, precision chosen by EngineOptions); activations, norms and
@@ -152,7 +154,8 @@ class Engine {
   }
 
   // Causal pass over `n` new tokens at positions cache.length()..; appends their K/V. Writes the
-  // final-normed hidden states [n, H] when `hidden_out` is given.
+  // final-normed hidden states [n, H] when `hidden_out` is given; without it the last layer stops
+  // after its K/V (the cache is the same, bit for bit).
   void encode(const std::int32_t* ids, std::int64_t n, KvCache& cache, float* hidden_out = nullptr) {
     check_token_ids(cfg_, ids, n, "encoder input");
     check_cache(cache);
@@ -446,7 +449,9 @@ class Engine {
       // post_norm (weightless) runs on every step, also when the SC signal is zero.
       norm_rows(x, nullptr, T, x);
     }
-    for (int l = 0; l < cfg_.num_layers(); ++l) layer(l, mode, T, segs, count);
+    const int L = cfg_.num_layers();
+    const bool cache_only = mode == AttentionMode::kEncoder && hidden_out == nullptr;
+    for (int l = 0; l < L; ++l) layer(l, mode, T, segs, count, /*kv_only=*/cache_only && l == L - 1);
     if (hidden_out != nullptr) norm_rows(x, model_->vector(-1, Param::kFinalNorm), T, hidden_out);
   }
 
@@ -527,7 +532,9 @@ class Engine {
 
   // One layer. The row-wise steps between the products (norms, residual adds, the layer scalar) run
   // in as few parallel regions as the data flow allows: each region start costs a thread wake-up.
-  void layer(int l, AttentionMode mode, std::int64_t T, const Segment* segs, std::size_t count) {
+  // With `kv_only` (the last layer of an encoder pass whose hidden states nobody reads) the layer
+  // ends once its K/V are written to the caches.
+  void layer(int l, AttentionMode mode, std::int64_t T, const Segment* segs, std::size_t count, bool kv_only) {
     const LayerWeights& W = weights_->layers[static_cast<std::size_t>(l)];
     const int H = cfg_.hidden_size;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
@@ -539,7 +546,8 @@ class Engine {
     float* s = ws_.s.data();
     // Attention block: x = x + post_attn(o_proj(attn(input_ln(x)))); then h = pre_ff(x).
     norm_rows(x, model_->vector(l, Param::kInputLayernorm), T, h);
-    attention(l, mode, T, segs, count, h, a);
+    attention(l, mode, T, segs, count, h, a, kv_only);
+    if (kv_only) return;
     const float* post_attention = model_->vector(l, Param::kPostAttentionLayernorm);
     const float* pre_ff = model_->vector(l, Param::kPreFeedforwardLayernorm);
     parallel_for(
@@ -615,8 +623,10 @@ class Engine {
   }
 
   // Self-attention of layer l; `h` is the normed input [T, H], the result [T, H] goes to `out`.
+  // `kv_only`: project, norm and rotate the keys and values, write them to each segment's cache,
+  // and stop (no queries, no attention, no output).
   void attention(int l, AttentionMode mode, std::int64_t T, const Segment* segs, std::size_t count, const float* h,
-                 float* out) {
+                 float* out, bool kv_only) {
     const LayerSpec& spec = cfg_.layers[l];
     const LayerWeights& W = weights_->layers[static_cast<std::size_t>(l)];
     const int H = cfg_.hidden_size, D = spec.head_dim, Hq = cfg_.num_heads, Hkv = spec.num_kv_heads;
@@ -624,7 +634,7 @@ class Engine {
     float* q = ws_.q.data();
     float* k = ws_.k.data();
     float* v = ws_.v.data();
-    linear(ctx_, W.q_proj, h, H, T, q, Hq * D);
+    if (!kv_only) linear(ctx_, W.q_proj, h, H, T, q, Hq * D);
     linear(ctx_, W.k_proj, h, H, T, k, Hkv * D);
     if (spec.has_v_proj) linear(ctx_, W.v_proj, h, H, T, v, Hkv * D);
     // Per-head norms, then RoPE on q and k (never on v). With k_eq_v, V is v_norm of the raw k
@@ -642,7 +652,7 @@ class Engine {
           const auto rotate = [&](float* vec) {
             for (int i = 0; i < D / 2; ++i) math::rope_rotate_pair(vec[i], vec[i + D / 2], cs[i], sn[i]);
           };
-          for (int hh = 0; hh < Hq; ++hh) {
+          for (int hh = 0; hh < (kv_only ? 0 : Hq); ++hh) {
             float* row = q + (t * Hq + hh) * D;
             vmath::rms_norm_row(isa, row, qn, D, eps, row);
             rotate(row);
@@ -655,7 +665,15 @@ class Engine {
             rotate(kr);
           }
         },
-        threads_for(T, 4 * (Hq + 2 * Hkv) * D));
+        threads_for(T, 4 * ((kv_only ? 0 : Hq) + 2 * Hkv) * D));
+    if (kv_only) {
+      for (std::size_t i = 0, row0 = 0; i < count; row0 += static_cast<std::size_t>(segs[i].T), ++i) {
+        if (segs[i].write_to == nullptr) continue;
+        const std::size_t at = row0 * static_cast<std::size_t>(Hkv * D);
+        store_keys_values(l, segs[i].T, segs[i].p0, k + at, v + at, *segs[i].write_to);
+      }
+      return;
+    }
     // A pass of many sequences (a batch of canvases) attends them on all threads at once, one
     // sequence per task: each sequence alone is too little work to share, and one parallel region
     // per sequence cost more than its attention. With few sequences, each one's heads and query
@@ -794,14 +812,18 @@ class Engine {
         },
         threads_for(T, 2 * Hq * Nk * D));
     }
-    if (write_to != nullptr) {
-      for (int g = 0; g < Hkv; ++g) {
-        float* kc = write_to->keys(l, g) + p0 * D;
-        float* vc = write_to->values(l, g) + p0 * D;
-        for (std::int64_t t = 0; t < T; ++t) {
-          std::copy(k + (t * Hkv + g) * D, k + (t * Hkv + g + 1) * D, kc + t * D);
-          std::copy(v + (t * Hkv + g) * D, v + (t * Hkv + g + 1) * D, vc + t * D);
-        }
+    if (write_to != nullptr) store_keys_values(l, T, p0, k, v, *write_to);
+  }
+
+  // The T new rows of keys and values [T, Hkv, D] of layer l into the cache at positions p0..
+  void store_keys_values(int l, std::int64_t T, std::int64_t p0, const float* k, const float* v, KvCache& cache) const {
+    const int D = cfg_.layers[l].head_dim, Hkv = cfg_.layers[l].num_kv_heads;
+    for (int g = 0; g < Hkv; ++g) {
+      float* kc = cache.keys(l, g) + p0 * D;
+      float* vc = cache.values(l, g) + p0 * D;
+      for (std::int64_t t = 0; t < T; ++t) {
+        std::copy(k + (t * Hkv + g) * D, k + (t * Hkv + g + 1) * D, kc + t * D);
+        std::copy(v + (t * Hkv + g) * D, v + (t * Hkv + g + 1) * D, vc + t * D);
       }
     }
   }
