@@ -639,30 +639,40 @@ def line(rec):
     return s
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def fuzz_arguments(doc, work, minutes):
+    """The command line both fuzzers share (fuzz_quantized.py adds its own flags)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dgemma", required=True)
     ap.add_argument("--seeds", type=int, default=50, help="random configs to try (stops early at --minutes)")
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--only-seed", default=None, help="comma-separated seeds to rerun (ignores --seeds)")
-    ap.add_argument("--minutes", type=float, default=60.0, help="wall-time budget for the random seeds")
+    ap.add_argument("--minutes", type=float, default=minutes, help="wall-time budget for the random seeds")
     ap.add_argument("--tol", type=float, default=1e-3, help="max |diff| on logits (exact precision)")
-    ap.add_argument("--fast", action="store_true", help="also run --precision fast (informational)")
-    ap.add_argument("--edge", action="store_true", help="also run the hand-picked edge_cases()")
-    ap.add_argument("--work", default="/tmp/dg_fuzz")
-    args = ap.parse_args()
+    ap.add_argument("--work", default=work)
+    return ap
+
+
+def start_run(args):
+    """Quiet single-threaded torch, WORK created; returns the results.jsonl log (appended to), the
+    seeds to draw and the wall-time deadline."""
     args.dgemma = os.path.abspath(args.dgemma)
     torch.set_num_threads(1)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     os.makedirs(args.work, exist_ok=True)
     log = open(os.path.join(args.work, "results.jsonl"), "a")
-    if args.only_seed is not None:
-        seeds = [int(x) for x in args.only_seed.split(",")]
-    else:
-        seeds = range(args.first_seed, args.first_seed + args.seeds)
+    seeds = ([int(x) for x in args.only_seed.split(",")] if args.only_seed is not None
+             else range(args.first_seed, args.first_seed + args.seeds))
+    return log, seeds, time.time() + args.minutes * 60
+
+
+def main():
+    ap = fuzz_arguments(__doc__, "/tmp/dg_fuzz", 60.0)
+    ap.add_argument("--fast", action="store_true", help="also run --precision fast (informational)")
+    ap.add_argument("--edge", action="store_true", help="also run the hand-picked edge_cases()")
+    args = ap.parse_args()
+    log, seeds, t_end = start_run(args)
     cases = []
-    t_end = time.time() + args.minutes * 60
     counts = {}
 
     def go(case):

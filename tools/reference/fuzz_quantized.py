@@ -58,7 +58,6 @@ Everything but ok and refused is kept under WORK/fail_<name> (base/ = source che
 quantized one, plus the failing command in the JSON line). `--only-seed N[,M]` reruns seeds.
 """
 
-import argparse
 import json
 import math
 import os
@@ -78,10 +77,10 @@ from safetensors.torch import load_file
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 
-from fuzz_configs import build, compare_with_reference, draw_case, keep, summarize_config  # noqa: E402
+from fuzz_configs import (build, compare_with_reference, draw_case, fuzz_arguments, keep, start_run,  # noqa: E402
+                          summarize_config)
 from make_quant_fixtures import (ENCODER_LM, dequantize_dir, fuse_split_experts, load_checkpoint,  # noqa: E402
                                  save_checkpoint, split_fused_experts, to_decoder_prefix, with_prefix)
-from transformers.utils import logging as hf_logging  # noqa: E402
 
 LINEAR = re.compile(r".*layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
 FUSED = re.compile(r".*layers\.\d+\.experts\.(gate_up_proj|down_proj)$")
@@ -461,27 +460,12 @@ def line(rec):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dgemma", required=True)
-    ap.add_argument("--seeds", type=int, default=50, help="random configs to try (stops early at --minutes)")
-    ap.add_argument("--first-seed", type=int, default=1)
-    ap.add_argument("--only-seed", default=None, help="comma-separated seeds to rerun (ignores --seeds)")
-    ap.add_argument("--minutes", type=float, default=30.0, help="wall-time budget")
-    ap.add_argument("--tol", type=float, default=1e-3, help="max |diff| on logits (exact precision)")
+    ap = fuzz_arguments(__doc__, "/tmp/dg_qfuzz", 30.0)
     ap.add_argument("--no-fast", dest="fast", action="store_false", help="skip --precision fast")
     ap.add_argument("--emulate-int8", action="store_true",
                     help="w4a16: also compare --precision fast with the reference running the int8 route (int8_route)")
-    ap.add_argument("--work", default="/tmp/dg_qfuzz")
     args = ap.parse_args()
-    args.dgemma = os.path.abspath(args.dgemma)
-    torch.set_num_threads(1)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    os.makedirs(args.work, exist_ok=True)
-    log = open(os.path.join(args.work, "results.jsonl"), "a")
-    seeds = ([int(x) for x in args.only_seed.split(",")] if args.only_seed is not None
-             else range(args.first_seed, args.first_seed + args.seeds))
-    t_end = time.time() + args.minutes * 60
+    log, seeds, t_end = start_run(args)
     counts, recs = {}, []
     for seed in seeds:
         if time.time() > t_end:
