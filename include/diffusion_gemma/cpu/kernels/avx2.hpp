@@ -137,6 +137,49 @@ inline void transpose8(V r[8]) {
   }
 }
 
+// Rows [m0, m1) of A over depth [k0, k0 + kc) as this family's tiles read them: the tile of rows
+// [m0 + 6t, m0 + 6t + 6) at out + 6t * kc, its element (i, k) at [k * kMr + i] (a last tile of
+// fewer rows keeps the stride of 6). A tile's broadcasts then walk one buffer in order, from one
+// pointer, where they read 6 rows of L2 lda apart: on a Zen 2 the BF16 pair-tile product of 128
+// rows (k 1024, n 1024, one thread, benchmarks/cpu/panel_prefetch) ran at 97 GFLOP/s against
+// 90-92, the packing included, and medium's commit and prefill 1.03x and 1.06x faster
+// (docs/design.md, "exact"). The values and the order of the FMAs do not change, so neither do
+// the bits. `out` needs 2 floats past the last tile: a full tile stores 8 lanes per depth step,
+// the 2 past its 6 rows rewritten by the next.
+inline void pack_row_tiles(const float* a, std::int64_t lda, std::int64_t m0, std::int64_t m1, std::int64_t k0,
+                           std::int64_t kc, float* out) {
+  for (std::int64_t t0 = m0; t0 < m1; t0 += kMr) {
+    const std::int64_t rows = m1 - t0 < kMr ? m1 - t0 : kMr;
+    const float* src = a + t0 * lda + k0;
+    float* dst = out + (t0 - m0) * kc;
+    std::int64_t k = 0;
+    if (rows == kMr) {
+      for (; k + 8 <= kc; k += 8) {
+        V r[8];
+#pragma GCC unroll 6
+        for (int i = 0; i < kMr; ++i) r[i] = load(src + i * lda + k);
+        r[6] = r[7] = zero();
+        transpose8(r);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) store(dst + (k + j) * kMr, r[j]);
+      }
+    }
+    for (; k < kc; ++k)
+      for (std::int64_t i = 0; i < rows; ++i) dst[k * kMr + i] = src[i * lda + k];
+  }
+}
+
+// blocked_product's pack_rows for this family: a group's block in per-thread scratch.
+struct RowTilePacker {
+  float* block(std::int64_t rows, std::int64_t kc) const {
+    return scratch<float, 17>(static_cast<std::size_t>((rows + kMr - 1) / kMr * kMr * kc + 2));
+  }
+  void tile(const float* a, std::int64_t lda, std::int64_t m0, std::int64_t m1, std::int64_t k0, std::int64_t kc,
+            float* out) const {
+    pack_row_tiles(a, lda, m0, m1, k0, kc, out);
+  }
+};
+
 template <DType T>
 inline void pack_panel(const MatrixB& b, std::int64_t n0, std::int64_t nvalid, std::int64_t k0, std::int64_t kc,
                        float* panel) {
@@ -164,8 +207,9 @@ inline void pack_panel(const MatrixB& b, std::int64_t n0, std::int64_t nvalid, s
   }
 }
 
+// C[MR x 16] (+)= A[MR x kc] panel, A as pack_row_tiles lays a tile out ([kc][kMr]).
 template <int MR>
-inline void micro_kernel(const float* a, std::int64_t lda, const float* panel, std::int64_t kc, float* c,
+inline void micro_kernel(const float* a, std::int64_t, const float* panel, std::int64_t kc, float* c,
                          std::int64_t ldc, bool load_c, std::int64_t nvalid) {
   V c0[MR], c1[MR];
   alignas(32) float edge[MR * kNr];
@@ -182,14 +226,9 @@ inline void micro_kernel(const float* a, std::int64_t lda, const float* panel, s
     c0[i] = load_c ? _mm256_loadu_ps(dst + i * ld) : zero();
     c1[i] = load_c ? _mm256_loadu_ps(dst + i * ld + 8) : zero();
   }
-  // One pointer per row of A and the depth unrolled by 2: rebuilt from lda at every k, the 6 row
-  // addresses took 6-7 integer instructions per 12 FMAs, which on Intel share ports 0 and 1 with
-  // the FMAs (forced to AVX2 on the AMX Xeon: medium commit and prefill 1.06-1.08x faster). Every C
-  // element is still the same FMA chain over k, so the bits do not change. Unrolled by 4, or with
-  // one index register for all rows, measured no better.
-  const float* ar[MR];
-#pragma GCC unroll 6
-  for (int i = 0; i < MR; ++i) ar[i] = a + i * lda;
+  // The depth unrolled by 2. A's MR values of a step are adjacent (pack_row_tiles), so one pointer
+  // addresses them all: with one pointer per row of A in place, the row addresses had cost 6-7
+  // integer instructions per 12 FMAs, which on Intel share ports 0 and 1 with the FMAs.
   const auto step = [&](std::int64_t k) {
     V b0 = _mm256_loadu_ps(panel + k * kNr), b1 = _mm256_loadu_ps(panel + k * kNr + 8);
     // B stays in two registers. Without this GCC folds its two loads into all 2 x MR FMAs, so a
@@ -198,7 +237,7 @@ inline void micro_kernel(const float* a, std::int64_t lda, const float* panel, s
     __asm__("" : "+x"(b0), "+x"(b1));
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
-      const V av = _mm256_broadcast_ss(ar[i] + k);
+      const V av = _mm256_broadcast_ss(a + k * kMr + i);
       c0[i] = _mm256_fmadd_ps(av, b0, c0[i]);
       c1[i] = _mm256_fmadd_ps(av, b1, c1[i]);
     }
@@ -243,7 +282,7 @@ inline void gemm_blocked(const float* a, std::int64_t lda, std::int64_t m, std::
         fill_panel(n0, nvalid, k0, kc, panel);
         return static_cast<const float*>(panel);
       },
-      source);
+      source, RowTilePacker{});
 }
 
 template <DType T>
@@ -284,7 +323,8 @@ inline void gemm_panels(const float* panels, std::int64_t depth, std::int64_t k0
       [&](std::int64_t n0, std::int64_t, std::int64_t kb, std::int64_t kc) {
         return PanelSource{reinterpret_cast<const std::byte*>(at(n0, kb)), 1,
                            static_cast<std::size_t>(kc * kNr) * sizeof(float), 0};
-      });
+      },
+      RowTilePacker{});
 }
 
 // ---- BF16 weights packed as pair tiles, read by the tile directly ------------------------------
@@ -294,14 +334,14 @@ inline void gemm_panels(const float* panels, std::int64_t depth, std::int64_t k0
 constexpr std::int64_t kPairKc = 512;
 static_assert(kPairKc % 32 == 0, "depth blocks start on a pair tile");
 
-// C[MR x 16] (+)= A[MR x kc] W for rows [k0, k0 + kc) of one pair-tile panel (operands.hpp):
-// the pair (k, k + 1) of 16 columns is 64 contiguous bytes, and each bf16 is widened in registers
-// (exact: it is the high half of its fp32; the even one is shifted up, the odd one has the even
-// one's bits cleared). The FMAs are those of micro_kernel in the same order, so the bits are the
+// C[MR x 16] (+)= A[MR x kc] W for rows [k0, k0 + kc) of one pair-tile panel (operands.hpp), A as
+// pack_row_tiles lays a tile out: the pair (k, k + 1) of 16 columns is 64 contiguous bytes, and
+// each bf16 is widened in registers (exact: it is the high half of its fp32; the even one is
+// shifted up, the odd one has the even one's bits cleared). The FMAs are those of micro_kernel in the same order, so the bits are the
 // same as for an fp32 panel. Against unpacking each 256-deep block into an fp32 panel first (what
 // this replaced), commit and prefill ran 1.05-1.06x faster on a Zen 2 (docs/design.md, "exact").
 template <int MR>
-inline void pair_kernel(const float* a, std::int64_t lda, const std::uint16_t* pairs, std::int64_t kc, float* c,
+inline void pair_kernel(const float* a, std::int64_t, const std::uint16_t* pairs, std::int64_t kc, float* c,
                         std::int64_t ldc, bool load_c, std::int64_t nvalid) {
   V c0[MR], c1[MR];
   alignas(32) float edge[MR * kNr];
@@ -318,9 +358,6 @@ inline void pair_kernel(const float* a, std::int64_t lda, const std::uint16_t* p
     c0[i] = load_c ? _mm256_loadu_ps(dst + i * ld) : zero();
     c1[i] = load_c ? _mm256_loadu_ps(dst + i * ld + 8) : zero();
   }
-  const float* ar[MR];
-#pragma GCC unroll 6
-  for (int i = 0; i < MR; ++i) ar[i] = a + i * lda;
   const I high_half = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   // One depth step: 2 x MR FMAs against B's two vectors, which stay in registers (see
   // micro_kernel for why the empty asm is there).
@@ -328,7 +365,7 @@ inline void pair_kernel(const float* a, std::int64_t lda, const std::uint16_t* p
     __asm__("" : "+x"(b0), "+x"(b1));
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
-      const V av = _mm256_broadcast_ss(ar[i] + k);
+      const V av = _mm256_broadcast_ss(a + k * kMr + i);
       c0[i] = _mm256_fmadd_ps(av, b0, c0[i]);
       c1[i] = _mm256_fmadd_ps(av, b1, c1[i]);
     }
@@ -389,7 +426,8 @@ inline void gemm_pairs(const std::uint16_t* w, const float* a, std::int64_t lda,
       [&](std::int64_t n0, std::int64_t, std::int64_t k0, std::int64_t) { return panel_of(n0) + k0 * kNr; },
       [&](std::int64_t n0, std::int64_t, std::int64_t k0, std::int64_t kc) {
         return prefetch ? pair_panel_source(panel_of(n0), k0, kc) : PanelSource{};
-      });
+      },
+      RowTilePacker{});
 }
 
 template <DType T, int MR>

@@ -223,8 +223,34 @@ inline void request_c_tile(const float* c, std::int64_t ldc, std::int64_t m0, st
   }
 }
 
+// How a family's tiles read A. RowsInPlace: where it lies, each tile's rows lda apart. A family
+// that lays A out for its tiles (the AVX2 one: each tile's rows interleaved by depth) provides the
+// same two members: block(rows, kc), room for a row group's block (nullptr: A stays in place),
+// and tile(a, lda, m0, m1, k0, kc, out), rows [m0, m1) (one tile's) over depth [k0, k0 + kc) laid
+// out at out.
+struct RowsInPlace {
+  float* block(std::int64_t, std::int64_t) const { return nullptr; }
+  void tile(const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*) const {}
+};
+
+// Requests rows [m0, m1) of A over depth [k0, k0 + kc): the rows the next tile lays out, asked
+// for while this one computes.
+inline void request_a_rows(const float* a, std::int64_t lda, std::int64_t m0, std::int64_t m1, std::int64_t k0,
+                           std::int64_t kc) {
+  for (std::int64_t r = m0; r < m1; ++r) {
+    const char* row = reinterpret_cast<const char*>(a + r * lda + k0);
+    const std::int64_t bytes = kc * static_cast<std::int64_t>(sizeof(float));
+    for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
+    __builtin_prefetch(row + bytes - 1, 0, 3);
+  }
+}
+
 // C (+)= A op(B) in blocks of shape.kc depth x shape.nr columns, the loop the AVX2 and AVX-512
 // families share: for each depth block and each group of rows (row_group_rows),
+// pack_rows may lay the group's block of A out for the tile, one tile at a time while the first
+// panel runs (each tile's rows at packed + (m0 - g0) * kc, the tile then handed that and shape.mr
+// for lda, and the next tile's rows requested meanwhile: packing a whole block before its first
+// tile waited on A's loads with nothing to compute),
 // fill_panel(n0, nvalid, k0, kc) returns the block's panel (an fp32 panel it has just written, or
 // the packed weights themselves where the tile reads them directly), and
 // tile(rows, a, lda, panel, kc, c, ldc, load_c, nvalid) computes C[rows x nr] (+)= A[rows x kc]
@@ -234,10 +260,10 @@ inline void request_c_tile(const float* c, std::int64_t ldc, std::int64_t m0, st
 // works: the tile is bound by arithmetic, the weights stream from memory, and without the request
 // each panel fill waits on its loads. Every C element stays one chain over k in order, whatever
 // the blocking.
-template <class Tile, class FillPanel, class Source>
+template <class Tile, class FillPanel, class Source, class PackRows = RowsInPlace>
 inline void blocked_product(const TileShape& shape, Tile&& tile, const float* a, std::int64_t lda, std::int64_t m,
                             std::int64_t n, std::int64_t k, float* c, std::int64_t ldc, bool accumulate,
-                            FillPanel&& fill_panel, Source&& source) {
+                            FillPanel&& fill_panel, Source&& source, PackRows&& pack_rows = PackRows{}) {
   if (k == 0) {
     if (!accumulate)
       for (std::int64_t i = 0; i < m; ++i)
@@ -254,6 +280,7 @@ inline void blocked_product(const TileShape& shape, Tile&& tile, const float* a,
     for (std::int64_t g = 0; g < groups; ++g) {
       const std::int64_t g0 = g * group, g1 = std::min(m, g0 + group);
       const std::int64_t tiles = (g1 - g0 + shape.mr - 1) / shape.mr;
+      float* packed = pack_rows.block(g1 - g0, kc);
       for (std::int64_t n0 = 0; n0 < n; n0 += shape.nr) {
         const std::int64_t nvalid = n - n0 < shape.nr ? n - n0 : shape.nr;
         const auto* panel = fill_panel(n0, nvalid, k0, kc);
@@ -274,7 +301,15 @@ inline void blocked_product(const TileShape& shape, Tile&& tile, const float* a,
             const std::int64_t next = down ? m0 + shape.mr : g0;
             request_c_tile(c, ldc, next, std::min(g1, next + shape.mr), down ? n0 : n0 + shape.nr, n, shape.nr);
           }
-          tile(rows, a + m0 * lda + k0, lda, panel, kc, c + m0 * ldc + n0, ldc, load_c, nvalid);
+          if (packed != nullptr) {
+            if (n0 == 0) {
+              pack_rows.tile(a, lda, m0, m0 + rows, k0, kc, packed + (m0 - g0) * kc);
+              if (m0 + shape.mr < g1) request_a_rows(a, lda, m0 + shape.mr, std::min(g1, m0 + 2 * shape.mr), k0, kc);
+            }
+            tile(rows, packed + (m0 - g0) * kc, shape.mr, panel, kc, c + m0 * ldc + n0, ldc, load_c, nvalid);
+          } else {
+            tile(rows, a + m0 * lda + k0, lda, panel, kc, c + m0 * ldc + n0, ldc, load_c, nvalid);
+          }
         }
       }
     }
