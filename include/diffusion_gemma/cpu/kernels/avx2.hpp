@@ -142,8 +142,8 @@ inline void transpose8(V r[8]) {
 // fewer rows keeps the stride of 6). A tile's broadcasts then walk one buffer in order, from one
 // pointer, where they read 6 rows of L2 lda apart: on a Zen 2 the BF16 pair-tile product of 128
 // rows (k 1024, n 1024, one thread, benchmarks/cpu/panel_prefetch) ran at 97 GFLOP/s against
-// 90-92, the packing included, and medium's commit and prefill 1.03x and 1.06x faster
-// (docs/design.md, "exact"). The values and the order of the FMAs do not change, so neither do
+// 90-92, the packing included, and medium's commit and prefill 1.03x and 1.04x faster in
+// alternating rounds of the two builds (docs/performance.md, "A laid out for the AVX2 tiles"). The values and the order of the FMAs do not change, so neither do
 // the bits. `out` needs 2 floats past the last tile: a full tile stores 8 lanes per depth step,
 // the 2 past its 6 rows rewritten by the next.
 inline void pack_row_tiles(const float* a, std::int64_t lda, std::int64_t m0, std::int64_t m1, std::int64_t k0,
@@ -337,8 +337,8 @@ static_assert(kPairKc % 32 == 0, "depth blocks start on a pair tile");
 // C[MR x 16] (+)= A[MR x kc] W for rows [k0, k0 + kc) of one pair-tile panel (operands.hpp), A as
 // pack_row_tiles lays a tile out: the pair (k, k + 1) of 16 columns is 64 contiguous bytes, and
 // each bf16 is widened in registers (exact: it is the high half of its fp32; the even one is
-// shifted up, the odd one has the even one's bits cleared). The FMAs are those of micro_kernel in the same order, so the bits are the
-// same as for an fp32 panel. Against unpacking each 256-deep block into an fp32 panel first (what
+// shifted up, the odd one has the even one's bits cleared). The FMAs are those of micro_kernel in
+// the same order, so the bits are the same as for an fp32 panel. Against unpacking each 256-deep block into an fp32 panel first (what
 // this replaced), commit and prefill ran 1.05-1.06x faster on a Zen 2 (docs/design.md, "exact").
 template <int MR>
 inline void pair_kernel(const float* a, std::int64_t, const std::uint16_t* pairs, std::int64_t kc, float* c,

@@ -123,29 +123,75 @@ constexpr int kNr = 32;                 // two pair-tile panels
 // prefill and commit 6-7 % faster, the denoise step 4-7 %; 256 pairs fall in between.
 constexpr std::int64_t kKcPairs = 512;
 
+// The register tiles of an m-row product: its rows dealt evenly over the fewest tiles of at most
+// kMr (64 rows: 11+11+11+11+10+10, not 5 x 12 + 4), since a tile of few rows has too few chains
+// to hide the dot product's latency. The first `extra` tiles have one row more than the others.
+struct RowTiles {
+  std::int64_t count, base, extra;
+  explicit RowTiles(std::int64_t m)
+      : count((m + kMr - 1) / kMr), base(count > 0 ? m / count : 0), extra(count > 0 ? m % count : 0) {}
+  std::int64_t rows(std::int64_t t) const { return base + (t < extra ? 1 : 0); }
+  std::int64_t first_row(std::int64_t t) const { return t * base + (t < extra ? t : extra); }
+  std::int64_t tile_of(std::int64_t i) const {
+    const std::int64_t wide = extra * (base + 1);
+    return i < wide ? i / (base + 1) : extra + (i - wide) / base;
+  }
+};
+
+// Pairs per group of the packed activations: a row's 4 pairs are one 16-byte run.
+constexpr std::int64_t kGroupPairs = 4;
+
 // x [m, k] fp32 -> m x activation_pairs(k) pairs, (bf16(x[i][2p]), bf16(x[i][2p + 1])) (the
 // second 0 past the end of an odd k), in blocks of kKcPairs pairs: the block of pairs [p0, p0 +
-// pc) starts at p0 * m and holds each row's pc pairs in turn, so a register tile's rows are one
-// contiguous run (12 rows a whole row apart would fall on two L1 sets at depth 1024).
-inline std::uint32_t* activation_block(std::uint32_t* a, std::int64_t m, std::int64_t pairs, std::int64_t p, std::int64_t i) {
-  const std::int64_t p0 = p / kKcPairs * kKcPairs, pc = pairs - p0 < kKcPairs ? pairs - p0 : kKcPairs;
-  return a + p0 * m + i * pc + (p - p0);
-}
+// pc) starts at p0 * m, and in it the register tile of rows [r0, r0 + R) (RowTiles) starts at r0 *
+// pc and holds its pairs by groups of kGroupPairs, each group's R rows in turn (a short last group
+// of g pairs as R runs of g). A tile's broadcasts then walk one buffer in order from one pointer;
+// with each row a run of its own (what this replaced) they came from 12 streams 2 KiB apart (six
+// lines in each of two L1 sets at a block of 512 pairs) and 12 pointers, more than the registers
+// hold. Groups rather than single pairs keep the packing a row at a time (four 16-byte stores per
+// 16 pairs, where a transpose per tile packed at half the speed). The dot products and their order
+// do not change, so neither do the bits. On a Zen 4, one thread, the product of 128 or 512 rows (k
+// 1024) ran 1.04-1.08x faster with the weight requests off on both sides; in alternating rounds
+// of the two builds medium's commit ran 1.044x faster (docs/performance.md, "Zen 4, 2026-12-06").
 // Rows [i0, i1) of the m rows (threads may pack row ranges of one product side by side).
 inline void pack_activation_rows(const float* x, std::int64_t ldx, std::int64_t m, std::int64_t k, std::uint32_t* out,
                                  std::int64_t i0, std::int64_t i1) {
   const std::int64_t pairs = activation_pairs(k);
-  for (std::int64_t i = i0; i < i1; ++i) {
-    const float* row = x + i * ldx;
-    for (std::int64_t c = 0; c < 2 * pairs; c += 32) {  // 16 pairs, never across a block
-      auto* dst = reinterpret_cast<std::uint16_t*>(activation_block(out, m, pairs, c / 2, i));
-      const std::int64_t count = k - c;
-      const __m512 lo = _mm512_maskz_loadu_ps(lanes(count), row + c);
-      const __m512 hi = _mm512_maskz_loadu_ps(lanes(count - 16), row + c + 16);
-      const __m512i v = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-      const std::int64_t room = 2 * pairs - c;
-      const __mmask32 m32 = room >= 32 ? 0xFFFFFFFFu : static_cast<__mmask32>((1ull << room) - 1u);
-      _mm512_mask_storeu_epi16(dst, m32, v);
+  const RowTiles tiles(m);
+  // A tile's rows block by block, so that the 12 rows' stores into each line of a block (24 KiB
+  // at most) come together in L1 (row by row over a long k, each line was fetched again for every
+  // row).
+  for (std::int64_t t = i0 < i1 ? tiles.tile_of(i0) : 0, end = i0 < i1 ? tiles.tile_of(i1 - 1) + 1 : 0; t < end; ++t) {
+    const std::int64_t r0 = tiles.first_row(t), rows = tiles.rows(t);
+    const std::int64_t first = i0 > r0 ? i0 : r0, last = i1 < r0 + rows ? i1 : r0 + rows;
+    for (std::int64_t p0 = 0; p0 < pairs; p0 += kKcPairs) {
+      const std::int64_t pc = pairs - p0 < kKcPairs ? pairs - p0 : kKcPairs;
+      std::uint32_t* tile = out + p0 * m + r0 * pc;
+      for (std::int64_t i = first; i < last; ++i) {
+        for (std::int64_t p = 0; p < pc; p += 16) {  // 16 pairs: 4 groups
+          const std::int64_t c = 2 * (p0 + p), count = k - c;
+          const float* row = x + i * ldx + c;
+          const __m512 lo = _mm512_maskz_loadu_ps(lanes(count), row);
+          const __m512 hi = _mm512_maskz_loadu_ps(lanes(count - 16), row + 16);
+          const __m512i v = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+          if (pc - p >= 16) {
+            std::uint32_t* dst = tile + p * rows + (i - r0) * kGroupPairs;
+            const std::int64_t stride = kGroupPairs * rows;
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_castsi512_si128(v));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + stride), _mm512_extracti32x4_epi32(v, 1));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * stride), _mm512_extracti32x4_epi32(v, 2));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 3 * stride), _mm512_extracti32x4_epi32(v, 3));
+            continue;
+          }
+          alignas(64) std::uint32_t lanes16[16];
+          _mm512_store_si512(lanes16, v);
+          for (std::int64_t g = p; g < pc; g += kGroupPairs) {  // the block's last groups, the last maybe short
+            const std::int64_t width = pc - g < kGroupPairs ? pc - g : kGroupPairs;
+            std::uint32_t* dst = tile + g * rows + (i - r0) * width;
+            for (std::int64_t q = 0; q < width; ++q) dst[q] = lanes16[g - p + q];
+          }
+        }
+      }
     }
   }
 }
@@ -155,10 +201,11 @@ inline void pack_activations(const float* x, std::int64_t ldx, std::int64_t m, s
 
 
 // C[MR x 32] (+)= A[MR, pairs p0..p0+pc) W^T over the panels `first` and `second` (the same
-// pointer when only the first exists; its columns are then masked off).
+// pointer when only the first exists; its columns are then masked off), A one tile as
+// pack_activation_rows lays it out (groups of kGroupPairs pairs, each group's MR rows in turn).
 // Every 8 pairs it takes `dose` lines of `prefetch` (none when nullptr).
 template <int MR>
-inline void micro_kernel(const std::uint32_t* a, std::int64_t lda, const std::uint16_t* first,
+inline void micro_kernel(const std::uint32_t* a, const std::uint16_t* first,
                          const std::uint16_t* second, std::int64_t pc, float* c, std::int64_t ldc, bool load_c,
                          std::int64_t nvalid, PanelPrefetcher* prefetch, std::int64_t dose) {
   __m512 c0[MR], c1[MR];
@@ -168,17 +215,24 @@ inline void micro_kernel(const std::uint32_t* a, std::int64_t lda, const std::ui
     c0[i] = load_c ? _mm512_maskz_loadu_ps(m0, c + i * ldc) : _mm512_setzero_ps();
     c1[i] = load_c ? _mm512_maskz_loadu_ps(m1, c + i * ldc + 16) : _mm512_setzero_ps();
   }
-  for (std::int64_t p = 0; p < pc; ++p) {
+  const auto step = [&](std::int64_t p, const std::uint32_t* ap, std::int64_t width) {
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(first + p * 2 * kPairPanelWidth));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(second + p * 2 * kPairPanelWidth));
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
-      const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(a[i * lda + p])));
+      const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(ap[i * width])));
       c0[i] = _mm512_dpbf16_ps(c0[i], av, b0);
       c1[i] = _mm512_dpbf16_ps(c1[i], av, b1);
     }
-    if ((p & 7) == 7 && prefetch != nullptr) prefetch->take(dose);
+  };
+  const std::int64_t whole = pc / kGroupPairs * kGroupPairs;
+  for (std::int64_t g = 0; g < whole; g += kGroupPairs) {
+    const std::uint32_t* ap = a + g * MR;
+#pragma GCC unroll 4
+    for (int q = 0; q < kGroupPairs; ++q) step(g + q, ap + q, kGroupPairs);
+    if ((g & 7) == 4 && prefetch != nullptr) prefetch->take(dose);
   }
+  for (std::int64_t p = whole; p < pc; ++p) step(p, a + whole * MR + (p - whole), pc - whole);
 #pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) {
     _mm512_mask_storeu_ps(c + i * ldc, m0, c0[i]);
@@ -186,22 +240,22 @@ inline void micro_kernel(const std::uint32_t* a, std::int64_t lda, const std::ui
   }
 }
 
-inline void micro_rows(std::int64_t rows, const std::uint32_t* a, std::int64_t lda, const std::uint16_t* first,
+inline void micro_rows(std::int64_t rows, const std::uint32_t* a, const std::uint16_t* first,
                        const std::uint16_t* second, std::int64_t pc, float* c, std::int64_t ldc, bool load_c,
                        std::int64_t nvalid, PanelPrefetcher* prefetch, std::int64_t dose) {
   switch (rows) {
-    case 1: return micro_kernel<1>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
-    case 2: return micro_kernel<2>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
-    case 3: return micro_kernel<3>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
-    case 4: return micro_kernel<4>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
-    case 5: return micro_kernel<5>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
-    case 6: return micro_kernel<6>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
-    case 7: return micro_kernel<7>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
-    case 8: return micro_kernel<8>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
-    case 9: return micro_kernel<9>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
-    case 10: return micro_kernel<10>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
-    case 11: return micro_kernel<11>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
-    default: return micro_kernel<12>(a, lda, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 1: return micro_kernel<1>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 2: return micro_kernel<2>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 3: return micro_kernel<3>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 4: return micro_kernel<4>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 5: return micro_kernel<5>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 6: return micro_kernel<6>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 7: return micro_kernel<7>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 8: return micro_kernel<8>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 9: return micro_kernel<9>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 10: return micro_kernel<10>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    case 11: return micro_kernel<11>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
+    default: return micro_kernel<12>(a, first, second, pc, c, ldc, load_c, nvalid, prefetch, dose);
   }
 }
 
@@ -231,9 +285,8 @@ inline void gemm_pairs(const std::uint16_t* w, const std::uint32_t* a, std::int6
         for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
     return;
   }
-  // Rows dealt evenly over the fewest tiles (64 rows: 11+11+11+11+10+10, not 5 x 12 + 4): a tile
-  // of few rows has too few chains to hide the dot product's latency.
-  const std::int64_t tiles = (m + kMr - 1) / kMr, base = m / tiles, extra = m % tiles;
+  const RowTiles row_tiles(m);
+  const std::int64_t tiles = row_tiles.count;
   const std::int64_t blocks = (n + kNr - 1) / kNr;
   PanelPrefetcher prefetch;
   for (std::int64_t p0 = 0; p0 < pairs; p0 += kKcPairs) {
@@ -252,9 +305,9 @@ inline void gemm_pairs(const std::uint16_t* w, const std::uint32_t* a, std::int6
       prefetch.start(next_p0 < pairs ? pair_block_source(w, n, k, ahead % blocks * kNr, next_p0) : PanelSource{}, tiles);
       const std::int64_t doses = pc / 8, dose = doses > 0 ? (prefetch.per_step() + doses - 1) / doses : 0;
       for (std::int64_t t = 0, m0 = 0; t < tiles; ++t) {
-        const std::int64_t rows = base + (t < extra ? 1 : 0);
+        const std::int64_t rows = row_tiles.rows(t);
         if (doses == 0) prefetch.step();
-        micro_rows(rows, block + m0 * pc, pc, first, second, pc, c + m0 * ldc + n0, ldc, load_c, nvalid,
+        micro_rows(rows, block + m0 * pc, first, second, pc, c + m0 * ldc + n0, ldc, load_c, nvalid,
                    dose > 0 ? &prefetch : nullptr, dose);
         m0 += rows;
       }
