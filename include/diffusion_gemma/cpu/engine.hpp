@@ -136,7 +136,7 @@ class Engine {
     floats += T * (static_cast<std::size_t>(capacity) + T) / 4;   // visibility mask (bytes)
     if (cfg.enable_moe_block) {
       const std::size_t E = cfg.num_experts, K = cfg.top_k_experts, Im = cfg.moe_intermediate_size;
-      floats += T * (E + 2 * K) + T * K * (2 * H + 2 * Im);
+      floats += T * (E + 2 * K) + T * K * (H + 2 * Im);  // one [T*K, H] buffer: expert inputs, then outputs
     }
     floats += 2 * T * H;  // the hidden states and the SC state of denoise_step
     std::size_t bytes = floats * sizeof(float) + 2 * T * std::max(H, I) * 2;  // bf16 packed activations
@@ -367,7 +367,9 @@ class Engine {
     std::vector<RopeRows> rope;                                  // this pass's tables, one per frequency set
     std::vector<std::int64_t> row_pos;                           // [T]: each row's position
     std::vector<float> sc_in;                                    // self-conditioning inputs, gathered
-    std::vector<float> expert_in, expert_mid, expert_out;        // rows sorted by expert
+    // Rows sorted by expert. The down product writes its outputs over expert_in, which the gate/up
+    // product has finished reading, so a pass holds K x H floats per row once, not twice.
+    std::vector<float> expert_in, expert_mid;
     std::vector<float> topk_w;
     std::vector<int> topk_i;
     std::vector<std::int32_t> rows_of_expert;                    // token index per routed slot
@@ -425,7 +427,6 @@ class Engine {
       if (ws_.topk_i.size() < t * K) ws_.topk_i.resize(t * K);
       grow(ws_.expert_in, t * K * H);
       grow(ws_.expert_mid, t * K * 2 * Im);
-      grow(ws_.expert_out, t * K * H);
     }
     reserved_ = std::max(reserved_, T);
   }
@@ -999,7 +1000,7 @@ class Engine {
     const std::int64_t rows = T * K;
     float* in = ws_.expert_in.data();
     float* mid = ws_.expert_mid.data();
-    float* y = ws_.expert_out.data();
+    float* y = in;  // the experts' outputs overwrite their inputs (see Workspace)
     parallel_for(
         rows,
         [&](std::int64_t j) {
