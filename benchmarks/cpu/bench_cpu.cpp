@@ -13,6 +13,7 @@
 //
 //   bench_cpu --model DIR [--threads N] [--repeats R] [--prompt 512] [--steps 16] [--canvases 2] [--ar-tokens 32]
 //             [--precision exact|fast] [--only step,commit,prefill,generate,ar]
+//             [--pass-tokens N]  (EngineOptions::max_pass_tokens)
 // The kernel family is the CPU's best, or DG_CPU_ISA's.
 #include <algorithm>
 #include <chrono>
@@ -100,7 +101,7 @@ double pass_flops(const dg::ModelConfig& c, std::int64_t T, std::int64_t p0, boo
 int main(int argc, char** argv) {
   const std::string dir = arg(argc, argv, "--model", "");
   if (dir.empty()) {
-    std::fprintf(stderr, "usage: bench_cpu --model DIR [--threads N] [--repeats R] [--prompt P] [--steps S]\n");
+    std::fprintf(stderr, "usage: bench_cpu --model DIR [--threads N] [--repeats R] [--prompt P] [--steps S] [--pass-tokens N]\n");
     return 2;
   }
   const int threads = std::atoi(arg(argc, argv, "--threads", "0").c_str());
@@ -126,6 +127,8 @@ int main(int argc, char** argv) {
   dg::cpu::EngineOptions eo;
   eo.threads = threads;
   eo.precision = precision;
+  const int pass_tokens = std::atoi(arg(argc, argv, "--pass-tokens", "0").c_str());
+  if (pass_tokens > 0) eo.max_pass_tokens = pass_tokens;
 
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(P)), canvas(static_cast<std::size_t>(C));
   for (int i = 0; i < P; ++i) prompt[i] = static_cast<std::int32_t>((i * 7919 + 17) % V);

@@ -204,6 +204,36 @@ TEST_CASE("encoder chunking is exact: the same logits with 3-token passes", "[mo
                     Catch::Matchers::Contains("cpu::EngineOptions::max_pass_tokens 0 must be positive"));
 }
 
+// A pass whose routed rows do not fit EngineOptions::expert_run_bytes runs its experts in runs of
+// consecutive experts; each token still sums its experts in ascending order, so the bits must be
+// those of one run (a 1-byte budget gives runs of T rows: 2-3 per pass on dg_small's top-2, 3-4 on
+// dg_wide's top-3, whose tokens then add experts from several runs). The workspace is smaller.
+TEST_CASE("experts in runs give the bits of one run, in a smaller workspace", "[model][cpu][golden]") {
+  cpu::EngineOptions fast;
+  fast.precision = cpu::Precision::kFast;
+  for (const std::string name : {"dg_small", "dg_wide"}) {
+    for (const cpu::EngineOptions& base : {exact(), fast}) {
+      INFO(name << " " << cpu::precision_name(base.precision));
+      cpu::EngineOptions runs = base;
+      runs.expert_run_bytes = 1;
+      Harness<DiffusionGemmaBackbone> one(dg_test::fixture(name), base), many(dg_test::fixture(name), runs);
+      const io::SafetensorsFile golden(dg_test::fixture(name + "/golden.safetensors"));
+      for (int k = 0; k < 3; ++k) {
+        const std::vector<Quantity> a = run_dg_case(one, golden, k), b = run_dg_case(many, golden, k);
+        REQUIRE(a.size() == b.size());
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          INFO("case" << k << " " << a[i].name);
+          REQUIRE(a[i].got.size() == b[i].got.size());
+          CHECK(std::memcmp(a[i].got.data(), b[i].got.data(), a[i].got.size() * sizeof(float)) == 0);
+          if (base.precision == cpu::Precision::kExact) CHECK(dg_test::max_abs_diff(b[i].got, b[i].want) < kLogitTolerance);
+        }
+      }
+      const std::int64_t C = one.model->config().canvas_length;
+      CHECK(many.engine.request_bytes(64, 32, C) < one.engine.request_bytes(64, 32, C));
+    }
+  }
+}
+
 // Prefill and commit ask for no hidden states, so their last layer stops once its K/V are cached
 // (cpu/engine.hpp). The cache must hold the same bits as after a full pass, alone and batched, and
 // the denoiser over it must still match transformers.

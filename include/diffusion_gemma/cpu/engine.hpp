@@ -53,6 +53,10 @@ struct EngineOptions {
   // false: passes of at most 4 rows (autoregressive decoding) stream weights through fp32 dot
   // products, and a row's result may then depend on how many rows share its pass.
   bool batch_invariant = true;
+  // Bytes for the experts' inputs and gate|up rows of a pass. A pass whose routed rows (tokens x
+  // top-k) need more runs its experts in runs that fit (but never fewer rows than the pass has
+  // tokens, one expert's most): the same bits, and a workspace that grows by less per token.
+  std::size_t expert_run_bytes = std::size_t{16} << 20;
 };
 
 template <class Backbone_>
@@ -97,7 +101,7 @@ class Engine {
     } catch (const std::bad_alloc&) {
       throw_error(StatusCode::kOutOfMemory, cfg_.source, ": the workspace for passes of ", base_rows_,
                   " tokens (canvas_length ", cfg_.canvas_length, ", max_pass_tokens ", opts_.max_pass_tokens,
-                  ") does not fit in memory (about ", request_bytes(cfg_, 0, base_rows_, ctx_.threads) / 1048576.0, " MiB)");
+                  ") does not fit in memory (about ", request_bytes(cfg_, 0, base_rows_, ctx_.threads, opts_.expert_run_bytes) / 1048576.0, " MiB)");
     }
   }
 
@@ -112,17 +116,28 @@ class Engine {
 
   KvCache make_cache(std::int64_t capacity) const { return KvCache(cfg_, capacity); }
 
+  // Rows of one run of experts (mixture_of_experts) in a pass of T tokens: all T x K routed rows
+  // while their inputs and gate|up rows fit in `run_bytes` (EngineOptions::expert_run_bytes), else
+  // as many as do, but at least T (the most one expert can have).
+  static std::int64_t expert_rows(const ModelConfig& cfg, std::int64_t T, std::size_t run_bytes) {
+    const std::int64_t per_row =
+        static_cast<std::int64_t>(sizeof(float)) * (cfg.hidden_size + 2 * static_cast<std::int64_t>(cfg.moe_intermediate_size));
+    const std::int64_t fit = static_cast<std::int64_t>(std::min<std::size_t>(run_bytes, std::size_t{1} << 62)) /
+                             std::max<std::int64_t>(1, per_row);
+    return std::max(T, std::min(T * cfg.top_k_experts, fit));
+  }
+
   // Bytes a request needs beyond the weights: a KV cache of `capacity` positions, plus the
   // workspace of its largest pass: an encoder chunk of the `prompt_tokens` or a canvas of
   // `canvas_tokens` (an upper bound, computed before allocating). Longer prompts only grow the cache.
   std::size_t request_bytes(std::int64_t capacity, std::int64_t prompt_tokens, std::int64_t canvas_tokens) const {
     const std::int64_t rows = request_pass_rows(prompt_tokens, canvas_tokens, opts_.max_pass_tokens);
-    return request_bytes(cfg_, capacity, std::max(rows, base_rows_), ctx_.threads);
+    return request_bytes(cfg_, capacity, std::max(rows, base_rows_), ctx_.threads, opts_.expert_run_bytes);
   }
   // The same from a config alone for passes of up to `pass_rows` tokens (no weights needed:
   // `dgemma info`).
   static std::size_t request_bytes(const ModelConfig& cfg, std::int64_t capacity, std::int64_t pass_rows,
-                                   int threads) {
+                                   int threads, std::size_t expert_run_bytes = EngineOptions{}.expert_run_bytes) {
     const std::size_t T = static_cast<std::size_t>(pass_rows), H = cfg.hidden_size, I = cfg.intermediate_size;
     const std::size_t th = static_cast<std::size_t>(resolve_threads(threads));
     std::size_t qd = 0, kd = 0, dmax = 0;
@@ -136,7 +151,11 @@ class Engine {
     floats += T * (static_cast<std::size_t>(capacity) + T) / 4;   // visibility mask (bytes)
     if (cfg.enable_moe_block) {
       const std::size_t E = cfg.num_experts, K = cfg.top_k_experts, Im = cfg.moe_intermediate_size;
-      floats += T * (E + 2 * K) + T * K * (H + 2 * Im);  // one [T*K, H] buffer: expert inputs, then outputs
+      const std::size_t run = static_cast<std::size_t>(expert_rows(cfg, static_cast<std::int64_t>(T), expert_run_bytes));
+      // Per row: router probabilities, top-k weights and ids, the routing indices (two int32 and one
+      // int64 per slot, each token's slot order, its next slot); one run of experts' inputs (then
+      // outputs) and gate|up rows.
+      floats += T * (E + 7 * K + 1) + run * (H + 2 * Im);
     }
     floats += 2 * T * H;  // the hidden states and the SC state of denoise_step
     std::size_t bytes = floats * sizeof(float) + 2 * T * std::max(H, I) * 2;  // bf16 packed activations
@@ -367,9 +386,11 @@ class Engine {
     std::vector<RopeRows> rope;                                  // this pass's tables, one per frequency set
     std::vector<std::int64_t> row_pos;                           // [T]: each row's position
     std::vector<float> sc_in;                                    // self-conditioning inputs, gathered
-    // Rows sorted by expert. The down product writes its outputs over expert_in, which the gate/up
-    // product has finished reading, so a pass holds K x H floats per row once, not twice.
+    // One run of experts' rows (expert_rows), sorted by expert. The down product writes its outputs
+    // over expert_in, which the gate/up product has finished reading.
     std::vector<float> expert_in, expert_mid;
+    std::vector<std::int32_t> slot_order;                        // [T, K]: each token's slots by expert
+    std::vector<std::int32_t> next_slot;                         // [T]: its first slot not yet added
     std::vector<float> topk_w;
     std::vector<int> topk_i;
     std::vector<std::int32_t> rows_of_expert;                    // token index per routed slot
@@ -425,8 +446,9 @@ class Engine {
       grow(ws_.router, t * E);
       grow(ws_.topk_w, t * K);
       if (ws_.topk_i.size() < t * K) ws_.topk_i.resize(t * K);
-      grow(ws_.expert_in, t * K * H);
-      grow(ws_.expert_mid, t * K * 2 * Im);
+      const std::size_t rows = static_cast<std::size_t>(expert_rows(cfg_, T, opts_.expert_run_bytes));
+      grow(ws_.expert_in, rows * H);
+      grow(ws_.expert_mid, rows * 2 * Im);
     }
     reserved_ = std::max(reserved_, T);
   }
@@ -995,49 +1017,68 @@ class Engine {
         ws_.slot_of_row[at] = static_cast<std::int32_t>(i);
       }
     }
-    // The experts' input pre_feedforward_layernorm_2(r), written straight into expert order.
-    const float* pre_ff_2 = model_->vector(l, Param::kPreFeedforwardLayernorm2);
-    const std::int64_t rows = T * K;
-    float* in = ws_.expert_in.data();
-    float* mid = ws_.expert_mid.data();
-    float* y = in;  // the experts' outputs overwrite their inputs (see Workspace)
-    parallel_for(
-        rows,
-        [&](std::int64_t j) {
-          const float* src = r + static_cast<std::int64_t>(ws_.rows_of_expert[j]) * H;
-          vmath::rms_norm_row(ctx_.isa, src, pre_ff_2, H, eps, in + j * H);
-        },
-        threads_for(rows, H));
-    grouped_linear(ctx_, W.experts_gate_up, in, H, ws_.expert_begin.data(), mid, 2 * Im);
-    parallel_for(
-        rows,
-        [&](std::int64_t j) {
-          float* row = mid + j * 2 * Im;  // gate rows first, then up rows: [gate | up]
-          vmath::gelu_mul(ctx_.isa, row, row + Im, Im);
-        },
-        threads_for(rows, Im));
-    grouped_linear(ctx_, W.experts_down, mid, 2 * Im, ws_.expert_begin.data(), y, H);
-    // Sum each token's K contributions, weighted, in ascending expert order, as transformers' index_add.
+    // Each token's slots in ascending expert order: the order its K contributions are summed in,
+    // as transformers' index_add over the experts.
     std::vector<std::int64_t>& row_of_slot = slot_rows_;
-    row_of_slot.resize(static_cast<std::size_t>(rows));
-    for (std::int64_t j = 0; j < rows; ++j) row_of_slot[ws_.slot_of_row[j]] = j;
+    row_of_slot.resize(static_cast<std::size_t>(T * K));
+    for (std::int64_t j = 0; j < T * K; ++j) row_of_slot[ws_.slot_of_row[j]] = j;
+    ws_.slot_order.resize(static_cast<std::size_t>(T * K));
+    ws_.next_slot.assign(static_cast<std::size_t>(T), 0);
     parallel_for(
         T,
         [&](std::int64_t t) {
-          int order[kMaxTopK];
+          std::int32_t* order = ws_.slot_order.data() + t * K;
           const int* idx = ws_.topk_i.data() + t * K;
           for (int j = 0; j < K; ++j) order[j] = j;
-          std::sort(order, order + K, [&](int a, int b) { return idx[a] < idx[b]; });
-          float* o = out + t * H;
-          std::fill(o, o + H, 0.0f);
-          for (int j = 0; j < K; ++j) {
-            const std::int64_t slot = t * K + order[j];
-            const float w = ws_.topk_w[slot];
-            const float* src = y + row_of_slot[slot] * H;
-            vmath::add_weighted_row(ctx_.isa, o, src, w, H);
-          }
+          std::sort(order, order + K, [&](std::int32_t a, std::int32_t b) { return idx[a] < idx[b]; });
+          std::fill(out + t * H, out + (t + 1) * H, 0.0f);
         },
-        threads_for(T, K * H));
+        threads_for(T, H));
+    // The experts go in runs of consecutive experts of at most expert_rows() routed rows, so that
+    // their buffers stay within EngineOptions::expert_run_bytes (or T rows) however long the pass
+    // (a batch of many sequences; the released shape's 256-token pass needed 34 MiB in one run). Each
+    // run's contributions are added as it ends; runs go in ascending expert order, so every token
+    // still sums its K contributions in ascending expert order, and the bits are those of one run.
+    const std::int64_t budget = expert_rows(cfg_, T, opts_.expert_run_bytes);
+    const std::int64_t* begin = ws_.expert_begin.data();
+    const float* pre_ff_2 = model_->vector(l, Param::kPreFeedforwardLayernorm2);
+    float* in = ws_.expert_in.data();
+    float* mid = ws_.expert_mid.data();
+    float* y = in;  // the experts' outputs overwrite their inputs (see Workspace)
+    for (int e0 = 0, e1 = 0; e0 < E; e0 = e1) {
+      for (e1 = e0 + 1; e1 < E && begin[e1 + 1] - begin[e0] <= budget;) ++e1;
+      const std::int64_t first = begin[e0], rows = begin[e1] - first;
+      if (rows == 0) continue;
+      // Each expert start to end on one thread: its input pre_feedforward_layernorm_2(r), gathered
+      // into expert order, then gate|up, gelu(gate) * up and down, while its rows are in that core's
+      // cache (one parallel region, not one per step).
+      const double macs = 3.0 * static_cast<double>(H) * static_cast<double>(Im);
+      for_each_group(ctx_, begin, e0, e1, macs, [&](std::int64_t e, std::int64_t b, std::int64_t n) {
+        for (std::int64_t j = b; j < b + n; ++j) {
+          const float* src = r + static_cast<std::int64_t>(ws_.rows_of_expert[first + j]) * H;
+          vmath::rms_norm_row(ctx_.isa, src, pre_ff_2, H, eps, in + j * H);
+        }
+        linear(ctx_, W.experts_gate_up.group(e), in + b * H, H, n, mid + b * 2 * Im, 2 * Im, false, /*serial=*/true);
+        for (std::int64_t j = b; j < b + n; ++j) {
+          float* row = mid + j * 2 * Im;  // gate rows first, then up rows: [gate | up]
+          vmath::gelu_mul(ctx_.isa, row, row + Im, Im);
+        }
+        linear(ctx_, W.experts_down.group(e), mid + b * 2 * Im, 2 * Im, n, y + b * H, H, false, /*serial=*/true);
+      });
+      parallel_for(
+          T,
+          [&](std::int64_t t) {
+            const std::int32_t* order = ws_.slot_order.data() + t * K;
+            std::int32_t& next = ws_.next_slot[static_cast<std::size_t>(t)];
+            float* o = out + t * H;
+            for (; next < K; ++next) {
+              const std::int64_t slot = t * K + order[next];
+              if (ws_.topk_i[slot] >= e1) break;
+              vmath::add_weighted_row(ctx_.isa, o, y + (row_of_slot[slot] - first) * H, ws_.topk_w[slot], H);
+            }
+          },
+          threads_for(T, (rows + T - 1) / T * H));
+    }
   }
 
   std::shared_ptr<const Model> model_;

@@ -534,23 +534,22 @@ inline int threads_for_product(const KernelContext& ctx, double macs, std::int64
   return macs < detail::min_shared_product(ctx, rows) ? 1 : ctx.threads;
 }
 
-// Experts: for a weight [groups, out, in], rows [begin[g], begin[g + 1]) of x go through group g.
-// One task per group (each group's weights are read once, by one thread); on the calling thread
-// alone when all groups together are too little work to share (the same bound as over_columns).
-// Tasks start largest first: threads take them in order as they come free, and a large group
-// taken last would keep one thread busy while the others wait. Which thread computes a group does
-// not change its bits.
-inline void grouped_linear(const KernelContext& ctx, const Weight& w, const float* x, std::int64_t ldx,
-                           const std::int64_t* begin, float* y, std::int64_t ldy) {
-  const std::int64_t groups = w.groups();
-  const double work = static_cast<double>(begin[groups] - begin[0]) * static_cast<double>(w.group(0).rows()) *
-                      static_cast<double>(w.group(0).cols());
-  std::vector<std::int64_t> order;  // the experts with rows
-  for (std::int64_t e = 0; e < groups; ++e)
-    if (begin[e + 1] > begin[e]) order.push_back(e);
-  const std::int64_t rows_per_expert =
-      (begin[groups] - begin[0]) / std::max<std::int64_t>(1, static_cast<std::int64_t>(order.size()));
-  const int threads = threads_for_product(ctx, work, rows_per_expert);
+// Runs f(g, first, rows) for the groups g in [g0, g1) that have rows, rows [begin[g], begin[g +
+// 1)) of a product whose every row costs `macs_per_row` multiply-adds; `first` counts from
+// begin[g0]. One task per group (each group's weights are read once, by one thread); on the
+// calling thread alone when all groups together are too little work to share (the same bound as
+// over_columns). Tasks start largest first: threads take them in order as they come free, and a
+// large group taken last would keep one thread busy while the others wait. Which thread runs a
+// group does not change its bits.
+template <class F>
+void for_each_group(const KernelContext& ctx, const std::int64_t* begin, std::int64_t g0, std::int64_t g1,
+                    double macs_per_row, F&& f) {
+  const std::int64_t base = begin[g0], total = begin[g1] - base;
+  std::vector<std::int64_t> order;  // the groups with rows
+  for (std::int64_t g = g0; g < g1; ++g)
+    if (begin[g + 1] > begin[g]) order.push_back(g);
+  const std::int64_t rows_per_group = total / std::max<std::int64_t>(1, static_cast<std::int64_t>(order.size()));
+  const int threads = threads_for_product(ctx, static_cast<double>(total) * macs_per_row, rows_per_group);
   if (resolve_threads(threads) > 1) {
     std::stable_sort(order.begin(), order.end(),
                      [&](std::int64_t a, std::int64_t b) { return begin[a + 1] - begin[a] > begin[b + 1] - begin[b]; });
@@ -558,10 +557,20 @@ inline void grouped_linear(const KernelContext& ctx, const Weight& w, const floa
   parallel_for(
       static_cast<std::int64_t>(order.size()),
       [&](std::int64_t i) {
-        const std::int64_t e = order[static_cast<std::size_t>(i)], b = begin[e], rows = begin[e + 1] - b;
-        linear(ctx, w.group(e), x + b * ldx, ldx, rows, y + b * ldy, ldy, false, /*serial=*/true);
+        const std::int64_t g = order[static_cast<std::size_t>(i)];
+        f(g, begin[g] - base, begin[g + 1] - begin[g]);
       },
       threads);
+}
+
+// Experts: for a weight [groups, out, in], rows [begin[g], begin[g + 1]) of x go through group g
+// (for_each_group's tasks).
+inline void grouped_linear(const KernelContext& ctx, const Weight& w, const float* x, std::int64_t ldx,
+                           const std::int64_t* begin, float* y, std::int64_t ldy) {
+  const double macs = static_cast<double>(w.group(0).rows()) * static_cast<double>(w.group(0).cols());
+  for_each_group(ctx, begin, 0, w.groups(), macs, [&](std::int64_t g, std::int64_t first, std::int64_t rows) {
+    linear(ctx, w.group(g), x + first * ldx, ldx, rows, y + first * ldy, ldy, false, /*serial=*/true);
+  });
 }
 
 namespace detail {
