@@ -511,6 +511,60 @@ TEST_CASE("fast precision on AVX512-BF16: fp32 sums of bf16-rounded activations 
   }
 }
 
+// q, k and v (gate and up) share an input: linear_shared_input packs it once for the bf16 dot
+// products and runs every product's columns in one region; elsewhere it calls linear() per weight.
+TEST_CASE("linear_shared_input gives each weight's linear() bits", "[cpu][kernels][tiles]") {
+  std::mt19937 rng(53);
+  std::vector<cpu::KernelContext> contexts;
+  for (cpu::Precision precision : {cpu::Precision::kExact, cpu::Precision::kFast}) {
+    cpu::KernelContext ctx;
+    ctx.isa = cpu::cpu_features().best() >= cpu::Isa::kAvx512 ? cpu::Isa::kAvx512 : cpu::Isa::kGeneric;
+    ctx.precision = precision;
+    ctx.threads = 2;
+    contexts.push_back(ctx);
+  }
+  if (!contexts.back().bf16_dots()) WARN("no AVX512-BF16 on this CPU: only the per-weight fallback is run");
+  const std::int64_t k = 257;  // odd: a half pair, and a depth tail
+  const std::int64_t widths[] = {300, 70, 96};
+  std::vector<TestWeight> raw;
+  std::vector<Weight> packed;
+  for (std::int64_t n : widths) raw.push_back(make_weight(DType::kBF16, n, k, rng));
+  for (const TestWeight& w : raw) {
+    Weight p = w.view;
+    cpu::detail::pack_matrix_tiles(p, /*release_mapped=*/false, cpu::TilePacking::kAllRoundedToBf16);
+    REQUIRE(p.tiles != nullptr);
+    packed.push_back(p);
+  }
+  for (const cpu::KernelContext& ctx : contexts) {
+    for (std::int64_t m : {1, 5, 40, 256}) {
+      INFO(cpu::precision_name(ctx.precision) << " m " << m);
+      const std::int64_t ldx = k + 3;
+      const auto x = random_floats(static_cast<std::size_t>(m * ldx), rng);
+      std::vector<std::vector<float>> want, got;
+      std::vector<cpu::LinearOutput> outs;
+      for (std::size_t i = 0; i < packed.size(); ++i) {
+        const std::int64_t ldy = widths[i] + 5;
+        want.push_back(random_floats(static_cast<std::size_t>(m * ldy), rng));
+        got.push_back(want.back());
+        cpu::linear(ctx, packed[i], x.data(), ldx, m, want.back().data(), ldy);
+      }
+      for (std::size_t i = 0; i < packed.size(); ++i) outs.push_back({&packed[i], got[i].data(), widths[i] + 5});
+      cpu::linear_shared_input(ctx, x.data(), ldx, m, outs.data(), static_cast<int>(outs.size()));
+      for (std::size_t i = 0; i < packed.size(); ++i) CHECK(got[i] == want[i]);
+      // One thread: the same bits.
+      cpu::KernelContext one = ctx;
+      one.threads = 1;
+      for (auto& g : got) std::fill(g.begin(), g.end(), 0.0f);
+      cpu::linear_shared_input(one, x.data(), ldx, m, outs.data(), static_cast<int>(outs.size()));
+      for (std::size_t i = 0; i < packed.size(); ++i) {
+        const std::int64_t ldy = widths[i] + 5;
+        for (std::int64_t r = 0; r < m; ++r)
+          CHECK(std::equal(got[i].begin() + r * ldy, got[i].begin() + r * ldy + widths[i], want[i].begin() + r * ldy));
+      }
+    }
+  }
+}
+
 TEST_CASE("fast precision on AVX512-BF16: the row-major products of the vocabulary pass", "[cpu][kernels][tiles]") {
   // The LM head (x E^T, directly and from activations prepared once) and the soft embedding (P E)
   // read the embedding in its rows: fp32 sums of the bf16-rounded inputs, the same bits at any

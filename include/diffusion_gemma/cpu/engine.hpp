@@ -533,8 +533,8 @@ class Engine {
     const std::int64_t I = Wg.rows();
     float* g = ws_.g.data();
     float* u = ws_.u.data();
-    linear(ctx_, Wg, in, H, T, g, I);
-    linear(ctx_, Wu, in, H, T, u, I);
+    const LinearOutput gate_up[] = {{&Wg, g, I}, {&Wu, u, I}};
+    linear_shared_input(ctx_, in, H, T, gate_up, 2);
     parallel_for(
         T, [&](std::int64_t t) { vmath::gelu_mul(ctx_.isa, g + t * I, u + t * I, I); }, threads_for(T, I));
     linear(ctx_, Wd, g, I, T, out, H);
@@ -657,9 +657,12 @@ class Engine {
     float* q = ws_.q.data();
     float* k = ws_.k.data();
     float* v = ws_.v.data();
-    if (!kv_only) linear(ctx_, W.q_proj, h, H, T, q, Hq * D);
-    linear(ctx_, W.k_proj, h, H, T, k, Hkv * D);
-    if (spec.has_v_proj) linear(ctx_, W.v_proj, h, H, T, v, Hkv * D);
+    LinearOutput proj[3];
+    int projections = 0;
+    if (!kv_only) proj[projections++] = {&W.q_proj, q, Hq * D};
+    proj[projections++] = {&W.k_proj, k, Hkv * D};
+    if (spec.has_v_proj) proj[projections++] = {&W.v_proj, v, Hkv * D};
+    linear_shared_input(ctx_, h, H, T, proj, projections);
     // Per-head norms, then RoPE on q and k (never on v). With k_eq_v, V is v_norm of the raw k
     // projection: normed into v before k is normed in place.
     const RopeRows& rope = rope_table(l, T);
