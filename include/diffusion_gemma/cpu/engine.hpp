@@ -381,7 +381,10 @@ class Engine {
   };
 
   struct Workspace {
-    std::vector<float> x, h, a, o, q, k, v, attn, d, g, u, s;  // [T, ...] activations
+    // [T, ...] activations. Inside a layer o holds the router's input (it is the self-conditioning
+    // MLP's output before the first layer) and, after the attention's residual add, a holds the
+    // experts' normed input.
+    std::vector<float> x, h, a, o, q, k, v, attn, d, g, u, s;
     std::vector<float> router;                                   // router logits/probs
     std::vector<RopeRows> rope;                                  // this pass's tables, one per frequency set
     std::vector<std::int64_t> row_pos;                           // [T]: each row's position
@@ -573,6 +576,12 @@ class Engine {
     if (kv_only) return;
     const float* post_attention = model_->vector(l, Param::kPostAttentionLayernorm);
     const float* pre_ff = model_->vector(l, Param::kPreFeedforwardLayernorm);
+    // With experts, the same region also writes the experts' two inputs, both row-wise functions
+    // of the post-attention residual r = x: the router's (into o, free inside a layer) and
+    // pre_feedforward_layernorm_2(r) (into a, read by the add just before). Once per token here,
+    // not once per routed slot, and no region of their own.
+    float* router_in = ws_.o.data();
+    const float* pre_ff_2 = Experts::kMixtureOfExperts ? model_->vector(l, Param::kPreFeedforwardLayernorm2) : nullptr;
     parallel_for(
         T,
         [&](std::int64_t t) {
@@ -581,13 +590,17 @@ class Engine {
           vmath::rms_norm_row(isa, ar, post_attention, H, eps, ar);
           vmath::add_row(isa, xr, ar, H);
           vmath::rms_norm_row(isa, xr, pre_ff, H, eps, h + t * H);
+          if constexpr (Experts::kMixtureOfExperts) {
+            vmath::rms_norm_row(isa, xr, pre_ff_2, H, eps, ar);
+            router_input_row(l, xr, router_in + t * H);
+          }
         },
-        threads_for(T, 3 * H));
+        threads_for(T, (Experts::kMixtureOfExperts ? 6 : 3) * H));
     // Feed-forward block on the post-attention residual r = x.
     gated_mlp(h, T, W.mlp_gate, W.mlp_up, W.mlp_down, d);
     const float scalar = model_->layer_scalar(l);
     if constexpr (Experts::kMixtureOfExperts) {
-      mixture_of_experts(l, T, x, s);  // routed on x (= r) itself
+      mixture_of_experts(l, T, router_in, a, s);
       const float* post_ff_1 = model_->vector(l, Param::kPostFeedforwardLayernorm1);
       const float* post_ff_2 = model_->vector(l, Param::kPostFeedforwardLayernorm2);
       const float* post_ff = model_->vector(l, Param::kPostFeedforwardLayernorm);
@@ -633,13 +646,18 @@ class Engine {
     if (r == nullptr) r = &ws_.rope.emplace_back();
     grow(r->cos, static_cast<std::size_t>(T * half));
     grow(r->sin, static_cast<std::size_t>(T * half));
-    for (std::int64_t t = 0; t < T; ++t) {
-      for (int i = 0; i < half; ++i) {
-        const float angle = math::rope_angle(ws_.row_pos[static_cast<std::size_t>(t)], inv[i]);
-        r->cos[t * half + i] = std::cos(angle);
-        r->sin[t * half + i] = std::sin(angle);
-      }
-    }
+    float* cs = r->cos.data();
+    float* sn = r->sin.data();
+    parallel_for(
+        T,
+        [&](std::int64_t t) {
+          for (int i = 0; i < half; ++i) {
+            const float angle = math::rope_angle(ws_.row_pos[static_cast<std::size_t>(t)], inv[i]);
+            cs[t * half + i] = std::cos(angle);
+            sn[t * half + i] = std::sin(angle);
+          }
+        },
+        threads_for(T, 40 * half));  // a cos and a sin are some 40 operations
     r->inv_freq = inv;
     r->half = half;
     return *r;
@@ -968,29 +986,30 @@ class Engine {
   }
 #endif
 
-  // Router (on the residual r) and experts (on pre_ff_2(r)); writes the combined output [T, H].
-  void mixture_of_experts(int l, std::int64_t T, const float* r, float* out) {
+  // The router's input row for residual row r: rms_noscale(r) * scale * hidden^-0.5, in that order
+  // (transformers').
+  void router_input_row(int l, const float* r, float* out) const {
+    const int H = cfg_.hidden_size;
+    const float root = static_cast<float>(1.0 / std::sqrt(static_cast<double>(H)));
+    vmath::rms_norm_row(ctx_.isa, r, nullptr, H, static_cast<float>(cfg_.rms_norm_eps), out);
+    vmath::mul_scale_row(ctx_.isa, out, model_->vector(l, Param::kRouterScale), root, H);
+  }
+
+  // Router and experts of layer l. `z` holds the router's input rows (router_input_row), `normed`
+  // the experts' (pre_feedforward_layernorm_2 of the residual); writes the combined output [T, H].
+  void mixture_of_experts(int l, std::int64_t T, const float* z, const float* normed, float* out) {
     const LayerWeights& W = weights_->layers[static_cast<std::size_t>(l)];
     const int H = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.top_k_experts, Im = cfg_.moe_intermediate_size;
-    const float eps = static_cast<float>(cfg_.rms_norm_eps);
-    // Router input: rms_noscale(r) * scale * hidden^-0.5, in that order (transformers').
-    float* z = ws_.h.data();
-    const float* scale = model_->vector(l, Param::kRouterScale);
-    const float root = static_cast<float>(1.0 / std::sqrt(static_cast<double>(H)));
-    parallel_for(
-        T,
-        [&](std::int64_t t) {
-          float* row = z + t * H;
-          vmath::rms_norm_row(ctx_.isa, r + t * H, nullptr, H, eps, row);
-          vmath::mul_scale_row(ctx_.isa, row, scale, root, H);
-        },
-        threads_for(T, 2 * H));
     // The router stays exact in every precision: its top-k choice is where rounding would show.
     KernelContext exact = ctx_;
     exact.precision = Precision::kExact;
     float* logits = ws_.router.data();
     linear(exact, W.router_proj, z, H, T, logits, E);
     const float* per_expert = model_->vector(l, Param::kRouterPerExpertScale);
+    // Softmax, top-k, each token's slots in ascending expert order (the order its K contributions
+    // are summed in, as transformers' index_add over the experts) and the output zeroed: one region.
+    ws_.slot_order.resize(static_cast<std::size_t>(T * K));
+    ws_.next_slot.assign(static_cast<std::size_t>(T), 0);
     parallel_for(
         T,
         [&](std::int64_t t) {
@@ -1003,9 +1022,14 @@ class Engine {
             sum += row[e];
           }
           for (int e = 0; e < E; ++e) row[e] /= sum;
+          const int* idx = ws_.topk_i.data() + t * K;
           math::router_top_k(row, per_expert, E, K, ws_.topk_w.data() + t * K, ws_.topk_i.data() + t * K);
+          std::int32_t* order = ws_.slot_order.data() + t * K;
+          for (int j = 0; j < K; ++j) order[j] = j;
+          std::sort(order, order + K, [&](std::int32_t a, std::int32_t b) { return idx[a] < idx[b]; });
+          std::fill(out + t * H, out + (t + 1) * H, 0.0f);
         },
-        threads_for(T, static_cast<std::int64_t>(E) * (K + 16)));  // an exp is about 16 operations
+        threads_for(T, static_cast<std::int64_t>(E) * (K + 16) + H));  // an exp is about 16 operations
     // Group the routed (token, slot) pairs by expert: each expert's weights are read once.
     ws_.expert_begin.assign(static_cast<std::size_t>(E) + 1, 0);
     for (std::int64_t i = 0; i < T * K; ++i) ++ws_.expert_begin[ws_.topk_i[i] + 1];
@@ -1020,23 +1044,9 @@ class Engine {
         ws_.slot_of_row[at] = static_cast<std::int32_t>(i);
       }
     }
-    // Each token's slots in ascending expert order: the order its K contributions are summed in,
-    // as transformers' index_add over the experts.
     std::vector<std::int64_t>& row_of_slot = slot_rows_;
     row_of_slot.resize(static_cast<std::size_t>(T * K));
     for (std::int64_t j = 0; j < T * K; ++j) row_of_slot[ws_.slot_of_row[j]] = j;
-    ws_.slot_order.resize(static_cast<std::size_t>(T * K));
-    ws_.next_slot.assign(static_cast<std::size_t>(T), 0);
-    parallel_for(
-        T,
-        [&](std::int64_t t) {
-          std::int32_t* order = ws_.slot_order.data() + t * K;
-          const int* idx = ws_.topk_i.data() + t * K;
-          for (int j = 0; j < K; ++j) order[j] = j;
-          std::sort(order, order + K, [&](std::int32_t a, std::int32_t b) { return idx[a] < idx[b]; });
-          std::fill(out + t * H, out + (t + 1) * H, 0.0f);
-        },
-        threads_for(T, H));
     // The experts go in runs of consecutive experts of at most expert_rows() routed rows, so that
     // their buffers stay within EngineOptions::expert_run_bytes (or T rows) however long the pass
     // (a batch of many sequences; the released shape's 256-token pass needed 34 MiB in one run). Each
@@ -1044,7 +1054,6 @@ class Engine {
     // still sums its K contributions in ascending expert order, and the bits are those of one run.
     const std::int64_t budget = expert_rows(cfg_, T, opts_.expert_run_bytes);
     const std::int64_t* begin = ws_.expert_begin.data();
-    const float* pre_ff_2 = model_->vector(l, Param::kPreFeedforwardLayernorm2);
     float* in = ws_.expert_in.data();
     float* mid = ws_.expert_mid.data();
     float* y = in;  // the experts' outputs overwrite their inputs (see Workspace)
@@ -1052,14 +1061,14 @@ class Engine {
       for (e1 = e0 + 1; e1 < E && begin[e1 + 1] - begin[e0] <= budget;) ++e1;
       const std::int64_t first = begin[e0], rows = begin[e1] - first;
       if (rows == 0) continue;
-      // Each expert start to end on one thread: its input pre_feedforward_layernorm_2(r), gathered
-      // into expert order, then gate|up, gelu(gate) * up and down, while its rows are in that core's
-      // cache (one parallel region, not one per step).
+      // Each expert start to end on one thread: its input rows gathered into expert order, then
+      // gate|up, gelu(gate) * up and down, while its rows are in that core's cache (one parallel
+      // region, not one per step).
       const double macs = 3.0 * static_cast<double>(H) * static_cast<double>(Im);
       for_each_group(ctx_, begin, e0, e1, macs, [&](std::int64_t e, std::int64_t b, std::int64_t n) {
         for (std::int64_t j = b; j < b + n; ++j) {
-          const float* src = r + static_cast<std::int64_t>(ws_.rows_of_expert[first + j]) * H;
-          vmath::rms_norm_row(ctx_.isa, src, pre_ff_2, H, eps, in + j * H);
+          const float* src = normed + static_cast<std::int64_t>(ws_.rows_of_expert[first + j]) * H;
+          std::copy(src, src + H, in + j * H);
         }
         linear(ctx_, W.experts_gate_up.group(e), in + b * H, H, n, mid + b * 2 * Im, 2 * Im, false, /*serial=*/true);
         for (std::int64_t j = b; j < b + n; ++j) {
