@@ -7,10 +7,11 @@ row is taken per round (ours against the faster transformers run of that same ro
 round and the median, and writes benchmarks/cpu/encoder_rounds.json.
 
     tools/reference/.venv/bin/python benchmarks/cpu/encoder_rounds.py --configs small,medium \\
-        [--rounds 5] [--threads 2] [--bench build/benchmarks/bench_cpu] [--torch-dtypes float32] [--out F]
+        [--rounds 5] [--threads 2] [--bench build/benchmarks/bench_cpu] [--torch-dtypes float32] [--isa avx2] [--out F]
 
 Same checkpoints, environment and settings as run.py (prompt 512, canvas from the config,
-OMP_WAIT_POLICY=PASSIVE). Benchmarks measure; nothing here gates on time.
+OMP_WAIT_POLICY=PASSIVE; --isa forces both sides' kernel families as run.py's does). Benchmarks
+measure; nothing here gates on time.
 """
 import argparse
 import json
@@ -18,7 +19,7 @@ import os
 import statistics
 import sys
 
-from run import cpu_model, root, run_json
+from run import cpu_model, isa_environments, root, run_json
 
 here = os.path.dirname(os.path.abspath(__file__))
 ROWS = [("commit_seconds", "commit"), ("prefill_seconds", "prefill")]
@@ -37,9 +38,11 @@ def main():
     ap.add_argument("--torch-dtypes", default="float32,bfloat16",
                     help="transformers runs per round (the faster one counts); torch's bf16 is slower than its fp32 "
                          "on CPUs without AVX-512 BF16 or AMX and can be left out there")
+    ap.add_argument("--isa", default=None, help="force our kernel family (DG_CPU_ISA) and limit torch's the same way")
     args = ap.parse_args()
     dtypes = args.torch_dtypes.split(",")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
+    ours_env, torch_env = isa_environments(args.isa, env)
     only = ",".join(key.split("_")[0] for key, _ in ROWS)
     results = {}
     for name in args.configs.split(","):
@@ -51,8 +54,8 @@ def main():
         torch_cmd = [sys.executable, os.path.join(here, "bench_transformers.py")] + common
         rounds = []
         for r in range(args.rounds):
-            ours = run_json([args.bench] + common + ["--precision", "fast"], env)
-            torch = {f"torch_{'fp32' if d == 'float32' else 'bf16'}": run_json(torch_cmd + ["--dtype", d], env)
+            ours = run_json([args.bench] + common + ["--precision", "fast"], ours_env)
+            torch = {f"torch_{'fp32' if d == 'float32' else 'bf16'}": run_json(torch_cmd + ["--dtype", d], torch_env)
                      for d in dtypes}
             row = {}
             for key, label in ROWS:
@@ -74,7 +77,7 @@ def main():
                   f"{s['rounds_at_target']} of {len(ratios)} rounds at {TARGET:g}x or more")
         results[name] = {"rounds": rounds, "summary": summary, "kernels": ours.get("kernels"), "cpu": ours.get("cpu")}
     meta = {"machine": cpu_model(), "threads": args.threads, "rounds": args.rounds, "repeats": args.repeats,
-            "target": TARGET, "torch_dtypes": args.torch_dtypes}
+            "target": TARGET, "torch_dtypes": args.torch_dtypes, "forced_isa": args.isa}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
         f.write("\n")

@@ -191,6 +191,18 @@ def markdown(doc):
     return "\n".join(lines)
 
 
+def isa_environments(isa, env):
+    """Our environment and torch's for a forced kernel family (None: both as detected). Torch is
+    limited the same way, so that one machine also gives a smaller machine's numbers for both sides."""
+    ours = dict(env, DG_CPU_ISA=isa) if isa else env
+    torch = env
+    if isa in ("generic", "avx2", "avx512"):
+        aten = {"generic": "default", "avx2": "avx2", "avx512": "avx512"}[isa]
+        onednn = {"generic": "SSE41", "avx2": "AVX2", "avx512": "AVX512_CORE"}[isa]
+        torch = dict(env, ATEN_CPU_CAPABILITY=aten, ONEDNN_MAX_CPU_ISA=onednn, DNNL_MAX_CPU_ISA=onednn)
+    return ours, torch
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", default=os.path.join(root, "build/benchmarks/bench_cpu"))
@@ -220,12 +232,7 @@ def main():
         print(markdown(json.load(open(out))))
         return
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
-    ours_env = dict(env, DG_CPU_ISA=args.isa) if args.isa else env
-    torch_env = env
-    if args.isa in ("generic", "avx2", "avx512"):
-        aten = {"generic": "default", "avx2": "avx2", "avx512": "avx512"}[args.isa]
-        onednn = {"generic": "SSE41", "avx2": "AVX2", "avx512": "AVX512_CORE"}[args.isa]
-        torch_env = dict(env, ATEN_CPU_CAPABILITY=aten, ONEDNN_MAX_CPU_ISA=onednn, DNNL_MAX_CPU_ISA=onednn)
+    ours_env, torch_env = isa_environments(args.isa, env)
     results, verdicts = {}, {}
     for name in args.configs.split(","):
         if name == "bundled":
