@@ -148,7 +148,7 @@ class Engine {
     }
     std::size_t floats = T * (6 * H + 2 * qd + 2 * kd + 2 * I + dmax);
     floats += th * 64 * (static_cast<std::size_t>(capacity) + T);  // attention scores, one query block per thread
-    floats += T * (static_cast<std::size_t>(capacity) + T) / 4;   // visibility mask (bytes)
+    floats += 2 * T * (static_cast<std::size_t>(capacity) + T) / 4;  // visibility masks, two layer types (bytes)
     if (cfg.enable_moe_block) {
       const std::size_t E = cfg.num_experts, K = cfg.top_k_experts, Im = cfg.moe_intermediate_size;
       const std::size_t run = static_cast<std::size_t>(expert_rows(cfg, static_cast<std::int64_t>(T), expert_run_bytes));
@@ -404,9 +404,24 @@ class Engine {
   // What one attention call uses, one per thread. The sequence's own mask, key spans and bf16 tile
   // layouts belong to the thread that called attend (several sequences attend at once when a pass
   // holds many); scores and kv_rows are used by whichever thread runs a task inside that call.
+  // Which keys each query row of one sequence's pass sees (T x Nk) and each query block's span of
+  // them, for one layer type: the attention policy decides from the mode, the layer type, the
+  // window, the positions and the sequence, never the layer, so the layers of one type in a pass
+  // share it.
+  struct VisibleKeys {
+    std::uint64_t pass = 0;  // the engine's pass it was made in (0: none)
+    std::uint64_t used = 0;  // when it was last used, for replacing the older of the two
+    AttentionMode mode = AttentionMode::kEncoder;
+    LayerType type = LayerType::kSliding;
+    int sequence = 0;
+    std::int64_t p0 = 0, T = 0, lo = 0, Nk = 0;
+    std::vector<std::uint8_t> visible;   // T x Nk
+    std::vector<std::int64_t> key_span;  // per query block: keys [first, last)
+  };
+
   struct AttentionScratch {
-    std::vector<std::uint8_t> visible;                  // T x (prefix + T) mask of a layer
-    std::vector<std::int64_t> key_span;                 // per query block: keys [first, last)
+    VisibleKeys masks[2];  // one per layer type of an interleaved pattern
+    std::uint64_t mask_uses = 0;
     std::vector<std::uint16_t> keys_bf16, values_bf16;  // per KV head: tile layouts (fast, AMX)
     std::vector<float> scores;                          // one query block's scores (fp32 path)
     std::vector<float> kv_rows;                         // one head's K or V rows being converted
@@ -470,6 +485,7 @@ class Engine {
       for (std::int64_t t = 0; t < segs[i].T; ++t) ws_.row_pos[r++] = segs[i].p0 + t;
     }
     for (RopeRows& r : ws_.rope) r.inv_freq = nullptr;  // new positions
+    ++pass_serial_;                                      // and new attention masks
     if (mode == AttentionMode::kDenoiser) {
       add_self_conditioning(segs, count, x);
       // post_norm (weightless) runs on every step, also when the SC signal is zero.
@@ -739,39 +755,49 @@ class Engine {
     linear(ctx_, W.o_proj, ws_.attn.data(), Hq * D, T, out, H);
   }
 
-  // The attention core of segment `sequence`: its T query rows at positions p0.. against its
-  // cached keys and its own new keys (q, k, v, attn point at the segment's first row).
-  void attend(int l, AttentionMode mode, int sequence, std::int64_t T, const KvCache& cache, KvCache* write_to, std::int64_t p0,
-              const float* q, const float* k, const float* v, float* attn) {
-    const LayerSpec& spec = cfg_.layers[l];
-    const int D = spec.head_dim, Hq = cfg_.num_heads, Hkv = spec.num_kv_heads;
-    const int group = Hq / Hkv;
-    const Isa isa = ctx_.isa;
+  // The mask of a pass's layer of type `type` (see VisibleKeys): the one made earlier in this pass
+  // for the same sequence, positions and type, or made now over the older of the two.
+  const VisibleKeys& visible_keys(AttentionScratch& own, AttentionMode mode, LayerType type, int sequence,
+                                  std::int64_t p0, std::int64_t T, std::int64_t lo, std::int64_t Nk) {
+    ++own.mask_uses;
+    for (VisibleKeys& m : own.masks) {
+      if (m.pass == pass_serial_ && m.mode == mode && m.type == type && m.sequence == sequence && m.p0 == p0 &&
+          m.T == T && m.lo == lo && m.Nk == Nk) {
+        m.used = own.mask_uses;
+        return m;
+      }
+    }
+    VisibleKeys& m = own.masks[0].used <= own.masks[1].used ? own.masks[0] : own.masks[1];
+    m.pass = pass_serial_;
+    m.used = own.mask_uses;
+    m.mode = mode;
+    m.type = type;
+    m.sequence = sequence;
+    m.p0 = p0;
+    m.T = T;
+    m.lo = lo;
+    m.Nk = Nk;
     const int Wn = cfg_.sliding_window;
-    const std::int64_t lo = std::min(p0, Attention::first_visible_cached(mode, spec.type, Wn, p0));
-    const std::int64_t Np = p0 - lo;  // cached keys any query may see
-    const std::int64_t Nk = Np + T;
-    AttentionScratch& own = this_threads_scratch();
-    // Which keys each query sees: the policy decides, once per layer (not per head).
-    own.visible.resize(static_cast<std::size_t>(T * Nk));
+    const std::int64_t Np = p0 - lo;
+    m.visible.resize(static_cast<std::size_t>(T * Nk));
     parallel_for(
         T,
         [&](std::int64_t i) {
-          std::uint8_t* row = own.visible.data() + i * Nk;
+          std::uint8_t* row = m.visible.data() + i * Nk;
           for (std::int64_t j = 0; j < Nk; ++j) {
             const std::int64_t key_pos = j < Np ? lo + j : p0 + (j - Np);
-            row[j] = attention_visible<Attention>(mode, spec.type, Wn, p0 + i, key_pos, p0, sequence) ? 1 : 0;
+            row[j] = attention_visible<Attention>(mode, type, Wn, p0 + i, key_pos, p0, sequence) ? 1 : 0;
           }
         },
         threads_for(T, Nk));
     // Queries go in blocks of kQueryBlock rows; each block computes scores only over the span of
     // keys some row of it sees (a causal block skips the keys after its last row).
     const std::int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
-    own.key_span.resize(static_cast<std::size_t>(2 * blocks));
+    m.key_span.resize(static_cast<std::size_t>(2 * blocks));
     for (std::int64_t b = 0; b < blocks; ++b) {
       std::int64_t first = Nk, last = -1;
       for (std::int64_t i = b * kQueryBlock; i < std::min(T, (b + 1) * kQueryBlock); ++i) {
-        const std::uint8_t* row = own.visible.data() + i * Nk;
+        const std::uint8_t* row = m.visible.data() + i * Nk;
         for (std::int64_t j = 0; j < Nk; ++j) {
           if (row[j]) {
             first = std::min(first, j);
@@ -785,16 +811,34 @@ class Engine {
           }
         }
       }
-      own.key_span[2 * b] = first;
-      own.key_span[2 * b + 1] = last + 1;
+      m.key_span[2 * b] = first;
+      m.key_span[2 * b + 1] = last + 1;
     }
+    return m;
+  }
+
+  // The attention core of segment `sequence`: its T query rows at positions p0.. against its
+  // cached keys and its own new keys (q, k, v, attn point at the segment's first row).
+  void attend(int l, AttentionMode mode, int sequence, std::int64_t T, const KvCache& cache, KvCache* write_to, std::int64_t p0,
+              const float* q, const float* k, const float* v, float* attn) {
+    const LayerSpec& spec = cfg_.layers[l];
+    const int D = spec.head_dim, Hq = cfg_.num_heads, Hkv = spec.num_kv_heads;
+    const int group = Hq / Hkv;
+    const Isa isa = ctx_.isa;
+    const int Wn = cfg_.sliding_window;
+    const std::int64_t lo = std::min(p0, Attention::first_visible_cached(mode, spec.type, Wn, p0));
+    const std::int64_t Np = p0 - lo;  // cached keys any query may see
+    const std::int64_t Nk = Np + T;
+    AttentionScratch& own = this_threads_scratch();
+    const VisibleKeys& mask = visible_keys(own, mode, spec.type, sequence, p0, T, lo, Nk);
+    const std::int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
     // Passes of a few tokens (autoregressive decoding) would convert every visible key to tiles
     // for a handful of queries: they stay on the fp32 kernels.
     KernelContext actx = ctx_;
     if (T < kMinTileQueries) actx.precision = Precision::kExact;
 #if DG_X86_KERNELS
     if (actx.bf16_tiles()) {
-      attention_on_tiles(l, T, cache, lo, Np, own, q, k, v, attn);
+      attention_on_tiles(l, T, cache, lo, Np, own, mask, q, k, v, attn);
     } else
 #endif
     {
@@ -812,7 +856,7 @@ class Engine {
         [&](std::int64_t task) {
           const std::int64_t hh = task / blocks, b = task % blocks;
           const std::int64_t i0 = b * kQueryBlock, rows = std::min(kQueryBlock, T - i0);
-          const std::int64_t j0 = own.key_span[2 * b], j1 = own.key_span[2 * b + 1], span = j1 - j0;
+          const std::int64_t j0 = mask.key_span[2 * b], j1 = mask.key_span[2 * b + 1], span = j1 - j0;
           float* oh = attn + (i0 * Hq + hh) * D;
           if (span <= 0) {  // no visible key (cannot happen with a causal policy: self is visible)
             for (std::int64_t i = 0; i < rows; ++i) std::fill(oh + i * Hq * D, oh + i * Hq * D + D, 0.0f);
@@ -829,7 +873,7 @@ class Engine {
             own.keys_laid[static_cast<std::size_t>(g)].multiply(qh, Hq * D, rows, a0, width, 0, D, S, width, false);
             for (std::int64_t i = 0; i < rows; ++i) {
               float* row = S + i * width + (j0 - a0);
-              vmath::mask_row(isa, row, own.visible.data() + (i0 + i) * Nk + j0, span);
+              vmath::mask_row(isa, row, mask.visible.data() + (i0 + i) * Nk + j0, span);
               vmath::softmax_row(isa, row, span);
             }
             own.values_laid[static_cast<std::size_t>(g)].multiply(S + (j0 - a0), width, rows, 0, D, j0, span, oh, Hq * D,
@@ -844,7 +888,7 @@ class Engine {
           }
           for (std::int64_t i = 0; i < rows; ++i) {
             float* row = S + i * span;
-            const std::uint8_t* vis = own.visible.data() + (i0 + i) * Nk + j0;
+            const std::uint8_t* vis = mask.visible.data() + (i0 + i) * Nk + j0;
             vmath::mask_row(isa, row, vis, span);
             vmath::softmax_row(isa, row, span);
           }
@@ -930,7 +974,8 @@ class Engine {
   // products on tiles with direct loads, over its key span rounded out to 32 keys (the extra keys
   // are masked). Scores, masks and the softmax stay fp32.
   void attention_on_tiles(int l, std::int64_t T, const KvCache& cache, std::int64_t lo, std::int64_t Np,
-                          AttentionScratch& own, const float* q, const float* k, const float* v, float* attn) {
+                          AttentionScratch& own, const VisibleKeys& mask, const float* q, const float* k,
+                          const float* v, float* attn) {
     namespace amx = kernels::amx;
     const LayerSpec& spec = cfg_.layers[l];
     const int D = spec.head_dim, Hq = cfg_.num_heads, Hkv = spec.num_kv_heads, group = Hq / Hkv;
@@ -954,7 +999,7 @@ class Engine {
         [&](std::int64_t task) {
           const std::int64_t hh = task / blocks, b = task % blocks;
           const std::int64_t i0 = b * kQueryBlock, rows = std::min(kQueryBlock, T - i0);
-          const std::int64_t j0 = own.key_span[2 * b], j1 = own.key_span[2 * b + 1];
+          const std::int64_t j0 = mask.key_span[2 * b], j1 = mask.key_span[2 * b + 1];
           float* oh = attn + (i0 * Hq + hh) * D;
           if (j1 <= j0) {  // no visible key (cannot happen with a causal policy: self is visible)
             for (std::int64_t i = 0; i < rows; ++i) std::fill(oh + i * Hq * D, oh + i * Hq * D + D, 0.0f);
@@ -971,7 +1016,7 @@ class Engine {
                                span / 16, S, span);
           for (std::int64_t i = 0; i < rows; ++i) {
             float* row = S + i * span;
-            const std::uint8_t* vis = own.visible.data() + (i0 + i) * Nk;
+            const std::uint8_t* vis = mask.visible.data() + (i0 + i) * Nk;
             for (std::int64_t j = 0; j < span; ++j) {
               const std::int64_t key = a0 + j;
               if (key >= Nk || !vis[key]) row[j] = -std::numeric_limits<float>::infinity();
@@ -1102,6 +1147,7 @@ class Engine {
   std::int64_t base_rows_ = 0;  // rows reserved at construction: an encoder chunk or a canvas
   std::int64_t reserved_ = 0;
   std::int64_t encoder_passes_ = 0;
+  std::uint64_t pass_serial_ = 0;  // run_pass calls so far: which pass a VisibleKeys belongs to
   Workspace ws_;
   std::vector<AttentionScratch> attention_scratch_;  // one per thread (constructor)
   std::vector<std::int64_t> seg_rows_;  // first row of each segment in a pass
