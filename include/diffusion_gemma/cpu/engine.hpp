@@ -401,9 +401,6 @@ class Engine {
     std::vector<std::int64_t> expert_begin;
   };
 
-  // What one attention call uses, one per thread. The sequence's own mask, key spans and bf16 tile
-  // layouts belong to the thread that called attend (several sequences attend at once when a pass
-  // holds many); scores and kv_rows are used by whichever thread runs a task inside that call.
   // Which keys each query row of one sequence's pass sees (T x Nk) and each query block's span of
   // them, for one layer type: the attention policy decides from the mode, the layer type, the
   // window, the positions and the sequence, never the layer, so the layers of one type in a pass
@@ -419,6 +416,9 @@ class Engine {
     std::vector<std::int64_t> key_span;  // per query block: keys [first, last)
   };
 
+  // What one attention call uses, one per thread. The sequence's own mask, key spans and bf16 tile
+  // layouts belong to the thread that called attend (several sequences attend at once when a pass
+  // holds many); scores and kv_rows are used by whichever thread runs a task inside that call.
   struct AttentionScratch {
     VisibleKeys masks[2];  // one per layer type of an interleaved pattern
     std::uint64_t mask_uses = 0;
