@@ -20,6 +20,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <tuple>
 #include <vector>
 
 #include <diffusion_gemma/core/math.hpp>
@@ -405,13 +406,20 @@ class Engine {
   // them, for one layer type: the attention policy decides from the mode, the layer type, the
   // window, the positions and the sequence, never the layer, so the layers of one type in a pass
   // share it.
-  struct VisibleKeys {
+  struct MaskKey {
     std::uint64_t pass = 0;  // the engine's pass it was made in (0: none)
-    std::uint64_t used = 0;  // when it was last used, for replacing the older of the two
     AttentionMode mode = AttentionMode::kEncoder;
     LayerType type = LayerType::kSliding;
     int sequence = 0;
     std::int64_t p0 = 0, T = 0, lo = 0, Nk = 0;
+    bool operator==(const MaskKey& o) const {
+      return std::tie(pass, mode, type, sequence, p0, T, lo, Nk) ==
+             std::tie(o.pass, o.mode, o.type, o.sequence, o.p0, o.T, o.lo, o.Nk);
+    }
+  };
+  struct VisibleKeys {
+    MaskKey key;
+    std::uint64_t used = 0;              // when it was last used, for replacing the older of the two
     std::vector<std::uint8_t> visible;   // T x Nk
     std::vector<std::int64_t> key_span;  // per query block: keys [first, last)
   };
@@ -755,28 +763,23 @@ class Engine {
     linear(ctx_, W.o_proj, ws_.attn.data(), Hq * D, T, out, H);
   }
 
-  // The mask of a pass's layer of type `type` (see VisibleKeys): the one made earlier in this pass
-  // for the same sequence, positions and type, or made now over the older of the two.
-  const VisibleKeys& visible_keys(AttentionScratch& own, AttentionMode mode, LayerType type, int sequence,
-                                  std::int64_t p0, std::int64_t T, std::int64_t lo, std::int64_t Nk) {
+  // The mask for `key` (see VisibleKeys): the one made earlier in this pass for the same sequence,
+  // positions and layer type, or made now over the older of the two.
+  const VisibleKeys& visible_keys(AttentionScratch& own, const MaskKey& key) {
     ++own.mask_uses;
     for (VisibleKeys& m : own.masks) {
-      if (m.pass == pass_serial_ && m.mode == mode && m.type == type && m.sequence == sequence && m.p0 == p0 &&
-          m.T == T && m.lo == lo && m.Nk == Nk) {
+      if (m.key == key) {
         m.used = own.mask_uses;
         return m;
       }
     }
     VisibleKeys& m = own.masks[0].used <= own.masks[1].used ? own.masks[0] : own.masks[1];
-    m.pass = pass_serial_;
+    m.key = key;
     m.used = own.mask_uses;
-    m.mode = mode;
-    m.type = type;
-    m.sequence = sequence;
-    m.p0 = p0;
-    m.T = T;
-    m.lo = lo;
-    m.Nk = Nk;
+    const AttentionMode mode = key.mode;
+    const LayerType type = key.type;
+    const int sequence = key.sequence;
+    const std::int64_t p0 = key.p0, T = key.T, lo = key.lo, Nk = key.Nk;
     const int Wn = cfg_.sliding_window;
     const std::int64_t Np = p0 - lo;
     m.visible.resize(static_cast<std::size_t>(T * Nk));
@@ -830,7 +833,7 @@ class Engine {
     const std::int64_t Np = p0 - lo;  // cached keys any query may see
     const std::int64_t Nk = Np + T;
     AttentionScratch& own = this_threads_scratch();
-    const VisibleKeys& mask = visible_keys(own, mode, spec.type, sequence, p0, T, lo, Nk);
+    const VisibleKeys& mask = visible_keys(own, {pass_serial_, mode, spec.type, sequence, p0, T, lo, Nk});
     const std::int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
     // Passes of a few tokens (autoregressive decoding) would convert every visible key to tiles
     // for a handful of queries: they stay on the fp32 kernels.
