@@ -641,8 +641,8 @@ void for_each_group(const KernelContext& ctx, const std::int64_t* begin, std::in
 inline void grouped_linear(const KernelContext& ctx, const Weight& w, const float* x, std::int64_t ldx,
                            const std::int64_t* begin, float* y, std::int64_t ldy) {
   const double macs = static_cast<double>(w.group(0).rows()) * static_cast<double>(w.group(0).cols());
-  for_each_group(ctx, begin, 0, w.groups(), macs, [&](std::int64_t g, std::int64_t first, std::int64_t rows) {
-    linear(ctx, w.group(g), x + first * ldx, ldx, rows, y + first * ldy, ldy, false, /*serial=*/true);
+  for_each_group(ctx, begin, 0, w.groups(), macs, [&](std::int64_t g, std::int64_t, std::int64_t rows) {
+    linear(ctx, w.group(g), x + begin[g] * ldx, ldx, rows, y + begin[g] * ldy, ldy, false, /*serial=*/true);
   });
 }
 
