@@ -12,4 +12,3 @@ if(NOT nlohmann_json_FOUND)
   message(FATAL_ERROR "diffusion_gemma needs nlohmann_json >= 3.11 (Debian: apt-get install nlohmann-json3-dev, "
                       "or run scripts/install-deps.sh)")
 endif()
-find_package(OpenMP QUIET COMPONENTS CXX)

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # The reliability runs of docs/reliability.md, all failing on any report:
 #   1. every CPU test under AddressSanitizer + UndefinedBehaviorSanitizer;
-#   2. the concurrency test under ThreadSanitizer (std::threads only: OpenMP off, since libgomp is
-#      not instrumented and would only produce false reports);
+#   2. the concurrency test under ThreadSanitizer (decoders in several threads, each engine on
+#      two or more threads of its own team: cpu/thread_team.hpp);
 #   3. valgrind --leak-check=full on a whole `dgemma generate` (a build without -march=native:
 #      valgrind does not decode AVX-512).
 #   scripts/sanitize.sh [asan|tsan|valgrind|all]
@@ -24,7 +24,7 @@ if [ "$what" = all ] || [ "$what" = asan ]; then
 fi
 if [ "$what" = all ] || [ "$what" = tsan ]; then
   b="$root/build-tsan"
-  cmake -S "$root" -B "$b" "${common[@]}" -DDG_SANITIZE=thread -DDG_OPENMP=OFF -DDG_BUILD_EXAMPLES=OFF >/dev/null
+  cmake -S "$root" -B "$b" "${common[@]}" -DDG_SANITIZE=thread -DDG_BUILD_EXAMPLES=OFF >/dev/null
   cmake --build "$b" -j"$jobs" --target dg_runtime_tests
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "$b/tests/dg_runtime_tests" "[concurrency]"
 fi

@@ -1206,8 +1206,8 @@ int cmd_serve(const std::vector<std::string>& args) {
   config.strict = f.flag("strict");
   const auto engine_options = dgemma::engine_options(f, dg::cpu::EngineOptions{}.precision);
 
-  // SIGINT/SIGTERM go to one thread (blocked everywhere else, before any thread starts, OpenMP's
-  // included); a write to a closed socket must fail with EPIPE rather than kill the server.
+  // SIGINT/SIGTERM go to one thread (blocked everywhere else, before any thread starts, the engines'
+  // workers included); a write to a closed socket must fail with EPIPE rather than kill the server.
   std::signal(SIGPIPE, SIG_IGN);
   sigset_t signals;
   sigemptyset(&signals);

@@ -1,41 +1,56 @@
 // SPDX-License-Identifier: Apache-2.0
 // Thread control for the CPU back-end. Work is split into pieces whose boundaries never depend on
 // the thread count, so results are bitwise identical with 1, 2 or 16 threads. The thread count is
-// passed to each parallel region (OpenMP's num_threads clause); nothing here changes process-wide
-// state.
+// passed to each parallel region, which runs on the calling thread's team (thread_team.hpp);
+// nothing here changes process-wide state.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <thread>
 
-#if defined(_OPENMP)
-#include <omp.h>
+#if defined(__linux__)
+#include <sched.h>
 #endif
+
+#include <diffusion_gemma/cpu/thread_team.hpp>
 
 namespace diffusion_gemma::cpu {
 
-// Threads a region gets for a requested count (0: the OpenMP default, OMP_NUM_THREADS or cores).
-inline int resolve_threads(int requested) {
-#if defined(_OPENMP)
-  return requested > 0 ? requested : omp_get_max_threads();
-#else
-  (void)requested;
-  return 1;
+// The thread count of `threads = 0`: OMP_NUM_THREADS when it is set to a positive number (the
+// variable users already set to cap a machine's CPU libraries; its first entry when it is a list),
+// otherwise the CPUs this process may run on (its affinity mask, which taskset and container CPU
+// sets narrow), read once.
+inline int default_threads() {
+  static const int count = [] {
+    if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+      char* end = nullptr;
+      const long n = std::strtol(env, &end, 10);
+      if (end != env && n > 0) return static_cast<int>(n < 4096 ? n : 4096);
+    }
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
 #endif
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw > 0 ? static_cast<int>(hw) : 1;
+  }();
+  return count;
 }
+
+// Threads a region gets for a requested count (0: default_threads()).
+inline int resolve_threads(int requested) { return requested > 0 ? requested : default_threads(); }
 
 inline int max_threads() { return resolve_threads(0); }
 
-inline int thread_index() {
-#if defined(_OPENMP)
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
+// This thread's index in the region it runs, below the region's thread count (0 outside a region).
+inline int thread_index() { return detail::region_place().index; }
 
-// Below this many elementary operations a row-wise region runs on the calling thread: waking and
-// joining another thread costs a few microseconds, more than such a region's work (measured on the
-// bundled model: a 16-row pass ran 1.4x slower on 2 threads than on 1 before this threshold).
+// Below this many elementary operations a row-wise region runs on the calling thread: handing a
+// share to another thread and joining it costs a few microseconds, more than such a region's work
+// (measured on the bundled model: a 16-row pass ran 1.4x slower on 2 threads than on 1 before this
+// threshold).
 inline constexpr double kMinParallelWork = 65536.0;
 
 // Threads for a region of `work` elementary operations, given the requested count.
@@ -47,19 +62,23 @@ inline int threads_for_work(int threads, double work) { return work < kMinParall
 // runs of n / (8 threads) when there are many (rows of a matrix), to keep the hand-out cheap.
 template <class F>
 void parallel_for(std::int64_t n, F&& f, int threads = 0) {
-#if defined(_OPENMP)
-  const int t = resolve_threads(threads);
-  if (n <= 1 || t <= 1 || omp_in_parallel()) {
+  const std::int64_t wanted = resolve_threads(threads);
+  const int t = static_cast<int>(wanted < n ? wanted : n);
+  if (t <= 1 || detail::region_place().inside) {
     for (std::int64_t i = 0; i < n; ++i) f(i);
     return;
   }
-  const std::int64_t chunk = n >= 64 * t ? n / (8 * t) : 1;
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(t)
-  for (std::int64_t i = 0; i < n; ++i) f(i);
-#else
-  (void)threads;
-  for (std::int64_t i = 0; i < n; ++i) f(i);
-#endif
+  const std::int64_t chunk = n >= 64 * static_cast<std::int64_t>(t) ? n / (8 * static_cast<std::int64_t>(t)) : 1;
+  std::atomic<std::int64_t> next{0};
+  auto share = [&](int) {
+    for (;;) {
+      const std::int64_t i0 = next.fetch_add(chunk, std::memory_order_relaxed);
+      if (i0 >= n) return;
+      const std::int64_t i1 = n - i0 < chunk ? n : i0 + chunk;
+      for (std::int64_t i = i0; i < i1; ++i) f(i);
+    }
+  };
+  ThreadTeam::of_this_thread().run(t, share);
 }
 
 }  // namespace diffusion_gemma::cpu

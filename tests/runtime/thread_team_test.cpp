@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU back-end's parallel regions (cpu/parallel.hpp on cpu/thread_team.hpp): every index once,
+// thread indices below the region's count, nested regions serial, exceptions carried to the caller
+// after every share is done, workers woken after they fell asleep, and one team per calling thread.
+// Tagged [concurrency], so the ThreadSanitizer build (scripts/sanitize.sh) runs it.
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <diffusion_gemma/cpu/parallel.hpp>
+
+#include "support/catch.hpp"
+
+using namespace diffusion_gemma;
+
+namespace {
+
+// Runs parallel_for(n) on `threads` threads and checks that each index ran exactly once, on a
+// thread whose index is below the region's thread count.
+void check_cover(std::int64_t n, int threads) {
+  std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
+  std::atomic<int> bad_index{0};
+  cpu::parallel_for(
+      n,
+      [&](std::int64_t i) {
+        hits[static_cast<std::size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+        const int t = cpu::thread_index();
+        if (t < 0 || t >= threads) bad_index.fetch_add(1, std::memory_order_relaxed);
+      },
+      threads);
+  int wrong = 0;
+  for (auto& h : hits) wrong += h.load() != 1 ? 1 : 0;
+  INFO("n " << n << ", threads " << threads);
+  CHECK(wrong == 0);
+  CHECK(bad_index.load() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("parallel_for runs every index once on threads below the region's count", "[runtime][concurrency]") {
+  for (int threads : {1, 2, 3, 4, 2})
+    for (std::int64_t n : {0, 1, 2, 5, 63, 64 * 4, 1000, 4099}) check_cover(n, threads);
+  CHECK(cpu::thread_index() == 0);  // outside a region
+}
+
+TEST_CASE("a region inside a region runs serially on the thread that opened it", "[runtime][concurrency]") {
+  std::atomic<int> mismatched{0}, inner_calls{0};
+  cpu::parallel_for(
+      8,
+      [&](std::int64_t) {
+        const int outer = cpu::thread_index();
+        cpu::parallel_for(
+            16,
+            [&](std::int64_t) {
+              inner_calls.fetch_add(1, std::memory_order_relaxed);
+              if (cpu::thread_index() != outer) mismatched.fetch_add(1, std::memory_order_relaxed);
+            },
+            4);
+      },
+      2);
+  CHECK(inner_calls.load() == 8 * 16);
+  CHECK(mismatched.load() == 0);
+}
+
+TEST_CASE("an exception thrown in a region reaches the caller once every share is done", "[runtime][concurrency]") {
+  for (std::int64_t thrower : {0, 5, 31}) {
+    std::atomic<int> finished{0};
+    std::vector<int> data(32, 0);
+    CHECK_THROWS_WITH(cpu::parallel_for(
+                          32,
+                          [&](std::int64_t i) {
+                            if (i == thrower) throw std::runtime_error("task failed");
+                            data[static_cast<std::size_t>(i)] = 1;  // the caller's frame, still alive
+                            finished.fetch_add(1, std::memory_order_relaxed);
+                          },
+                          2),
+                      "task failed");
+    // Only the throwing task's own remaining indices (its chunk is one index here) are skipped.
+    CHECK(finished.load() == 31);
+  }
+  // The team still works after a failed region.
+  check_cover(100, 2);
+}
+
+TEST_CASE("workers that fell asleep between regions wake for the next one", "[runtime][concurrency]") {
+  for (int round = 0; round < 3; ++round) {
+    check_cover(50, 2);
+    // Longer than the spin window: the workers go to sleep.
+    std::this_thread::sleep_for(cpu::ThreadTeam::kSpinWindow * 8);
+  }
+  check_cover(50, 4);  // a region with more threads starts more workers
+  check_cover(50, 2);  // and one with fewer leaves the extra ones out
+}
+
+TEST_CASE("threads that open regions at once each get their own team", "[runtime][concurrency]") {
+  std::vector<std::thread> callers;
+  std::atomic<int> failures{0};
+  for (int c = 0; c < 3; ++c)
+    callers.emplace_back([&] {
+      for (int r = 0; r < 50; ++r) {
+        std::atomic<std::int64_t> sum{0};
+        cpu::parallel_for(
+            257, [&](std::int64_t i) { sum.fetch_add(i, std::memory_order_relaxed); }, 2);
+        if (sum.load() != 257 * 256 / 2) failures.fetch_add(1);
+      }
+    });
+  for (auto& t : callers) t.join();
+  CHECK(failures.load() == 0);
+}
