@@ -1,13 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CPU back-end's parallel regions (cpu/parallel.hpp on cpu/thread_team.hpp): every index once,
 // thread indices below the region's count, nested regions serial, exceptions carried to the caller
-// after every share is done, workers woken after they fell asleep, and one team per calling thread.
-// Tagged [concurrency], so the ThreadSanitizer build (scripts/sanitize.sh) runs it.
+// after every share is done, workers woken after they fell asleep, one team per calling thread, a
+// region that still runs when the system refuses workers, and a forked child that starts its own.
+// Tagged [concurrency], so the ThreadSanitizer build (scripts/sanitize.sh) runs it, except the fork
+// test (ThreadSanitizer does not follow a multi-threaded process through fork).
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <functional>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#if defined(__unix__)
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 #include <diffusion_gemma/cpu/parallel.hpp>
 
@@ -109,3 +120,85 @@ TEST_CASE("threads that open regions at once each get their own team", "[runtime
   for (auto& t : callers) t.join();
   CHECK(failures.load() == 0);
 }
+
+namespace {
+
+// A spawner that starts one worker and then refuses, as the system does at a thread limit.
+std::atomic<int> spawned{0};
+std::thread spawn_one_then_refuse(std::function<void()> f) {
+  if (spawned.fetch_add(1) >= 1) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+  return std::thread(std::move(f));
+}
+std::thread spawn_none(std::function<void()>) {
+  throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+}
+
+// Runs a region of `threads` on `team` and returns how many indices ran (each must run once).
+int run_region(cpu::ThreadTeam& team, int threads, std::int64_t n, std::vector<int>& seen_threads) {
+  std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
+  std::vector<std::atomic<int>> by_thread(static_cast<std::size_t>(threads));
+  std::atomic<std::int64_t> next{0};
+  auto share = [&](int t) {
+    for (std::int64_t i; (i = next.fetch_add(1)) < n;) {
+      hits[static_cast<std::size_t>(i)].fetch_add(1);
+      by_thread[static_cast<std::size_t>(t)].fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));  // long enough for every worker to join in
+    }
+  };
+  team.run(threads, share);
+  int once = 0;
+  for (auto& h : hits) once += h.load() == 1 ? 1 : 0;
+  seen_threads.clear();
+  for (int t = 0; t < threads; ++t)
+    if (by_thread[static_cast<std::size_t>(t)].load() > 0) seen_threads.push_back(t);
+  return once;
+}
+
+}  // namespace
+
+TEST_CASE("a region runs with the workers it has when the system refuses to start more", "[runtime][concurrency]") {
+  std::vector<int> ran_on;
+  {
+    spawned = 0;
+    cpu::ThreadTeam team(spawn_one_then_refuse);
+    CHECK(run_region(team, 4, 400, ran_on) == 400);
+    CHECK(team.workers() == 1);
+    CHECK(ran_on.back() <= 1);  // only the caller (0) and the one worker (1)
+    CHECK(run_region(team, 4, 400, ran_on) == 400);
+    CHECK(spawned.load() == 2);  // refused once, never asked again
+  }
+  {
+    cpu::ThreadTeam team(spawn_none);
+    CHECK(run_region(team, 3, 100, ran_on) == 100);
+    CHECK(team.workers() == 0);
+    REQUIRE(ran_on.size() == 1);
+    CHECK(ran_on[0] == 0);
+  }
+}
+
+#if defined(__unix__)
+TEST_CASE("a child of fork() runs regions on workers of its own and exits", "[runtime][fork]") {
+  check_cover(1000, 2);  // this thread's team has a worker now, which the child will not have
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::atomic<std::int64_t> sum{0};
+    cpu::parallel_for(
+        1000, [&](std::int64_t i) { sum.fetch_add(i, std::memory_order_relaxed); }, 2);
+    // std::exit runs this thread's thread_local destructors, the team's among them.
+    std::exit(sum.load() == 1000 * 999 / 2 ? 0 : 1);
+  }
+  int status = 0;
+  pid_t done = 0;
+  for (int waited_ms = 0; waited_ms < 20000 && (done = waitpid(child, &status, WNOHANG)) == 0; waited_ms += 10)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (done == 0) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    FAIL("the forked child hung (20 s)");
+  }
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  check_cover(1000, 2);  // the parent's team is untouched
+}
+#endif

@@ -9,7 +9,8 @@
 // CPU and an interrupt through the hypervisor. A worker here spins for kSpinWindow after its
 // share, yielding as it goes so that an oversubscribed machine (ctest -j, a valgrind run) still
 // makes progress, and only then sleeps; the next region of the same pass finds it awake. Nothing
-// here reads or changes process-wide settings.
+// here reads or changes process-wide settings; the one process-wide thing is a fork handler that
+// counts forks, so that a forked child starts its own workers instead of waiting on its parent's.
 #pragma once
 
 #include <atomic>
@@ -17,9 +18,16 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#endif
 
 namespace diffusion_gemma::cpu {
 
@@ -45,6 +53,26 @@ inline void cpu_relax() {
 #endif
 }
 
+
+// Counts the fork() calls this process descends from. A child of fork() has only the thread that
+// called it: the workers of every team it copied do not exist there, and a mutex of theirs may
+// have been copied locked. A team that sees the count change leaves that state alone and starts
+// afresh (ThreadTeam::state()).
+inline std::atomic<unsigned>& fork_generation() {
+  static std::atomic<unsigned> generation{0};
+  return generation;
+}
+
+inline unsigned current_fork_generation() {
+#if defined(__unix__) || defined(__APPLE__)
+  static const bool watching = [] {
+    return pthread_atfork(nullptr, nullptr, [] { fork_generation().fetch_add(1, std::memory_order_relaxed); }) == 0;
+  }();
+  (void)watching;
+#endif
+  return fork_generation().load(std::memory_order_relaxed);
+}
+
 }  // namespace detail
 
 class ThreadTeam {
@@ -54,17 +82,25 @@ class ThreadTeam {
   // and let the workers sleep.
   static constexpr std::chrono::microseconds kSpinWindow{250};
 
-  ThreadTeam() = default;
+  // How a worker is started: std::thread by default; tests pass one that refuses.
+  using Spawn = std::thread (*)(std::function<void()>);
+
+  explicit ThreadTeam(Spawn spawn = [](std::function<void()> f) { return std::thread(std::move(f)); }) : spawn_(spawn) {}
   ThreadTeam(const ThreadTeam&) = delete;
   ThreadTeam& operator=(const ThreadTeam&) = delete;
   ~ThreadTeam() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_.store(true, std::memory_order_relaxed);
-      ticket_.fetch_add(kTicketStep, std::memory_order_release);
+    if (!state_) return;
+    if (state_->generation != detail::current_fork_generation()) {
+      abandon();
+      return;
     }
-    wake_.notify_all();
-    for (auto& w : workers_) w.join();
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      state_->stop.store(true, std::memory_order_relaxed);
+      state_->ticket.fetch_add(kTicketStep, std::memory_order_release);
+    }
+    state_->wake.notify_all();
+    for (auto& w : state_->workers) w.join();
   }
 
   // The team of the calling thread.
@@ -75,25 +111,32 @@ class ThreadTeam {
 
   // Runs body(i) for i in [0, threads): i = 0 on the calling thread, the others on workers.
   // Returns once every call has returned, rethrowing the first exception any of them threw.
+  // Where the system refuses to start a worker (a thread limit, no memory for its stack), the
+  // region runs with the workers it has, so `body` must not rely on every index being called:
+  // parallel_for hands its items out dynamically.
   template <class Body>
   void run(int threads, Body& body) {
     if (threads <= 1) {
       body(0);
       return;
     }
-    const int helpers = threads - 1 < kMaxHelpers ? threads - 1 : kMaxHelpers;
-    start_workers(helpers);
-    job_ = [](void* b, int i) { (*static_cast<Body*>(b))(i); };
-    body_ = &body;
-    error_ = nullptr;
-    pending_.store(helpers, std::memory_order_relaxed);
+    State& s = state();
+    const int helpers = start_workers(s, threads - 1 < kMaxHelpers ? threads - 1 : kMaxHelpers);
+    if (helpers == 0) {
+      enter(0, [&] { body(0); });
+      return;
+    }
+    s.job = [](void* b, int i) { (*static_cast<Body*>(b))(i); };
+    s.body = &body;
+    s.error = nullptr;
+    s.pending.store(helpers, std::memory_order_relaxed);
     {
       // The ticket carries the helper count, so a worker learns from one load whether the region
-      // is its own; the others never read job_, which the next region may be rewriting.
-      std::lock_guard<std::mutex> lock(mutex_);
-      const std::uint64_t next = (ticket_.load(std::memory_order_relaxed) / kTicketStep + 1) * kTicketStep;
-      ticket_.store(next + static_cast<std::uint64_t>(helpers), std::memory_order_release);
-      if (sleepers_ > 0) wake_.notify_all();
+      // is its own; the others never read job, which the next region may be rewriting.
+      std::lock_guard<std::mutex> lock(s.mutex);
+      const std::uint64_t next = (s.ticket.load(std::memory_order_relaxed) / kTicketStep + 1) * kTicketStep;
+      s.ticket.store(next + static_cast<std::uint64_t>(helpers), std::memory_order_release);
+      if (s.sleepers > 0) s.wake.notify_all();
     }
     std::exception_ptr own;
     try {
@@ -103,17 +146,50 @@ class ThreadTeam {
     }
     // The workers hold references into the caller's frame until they are done, even when the
     // caller's own share threw.
-    for (unsigned spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    for (unsigned spins = 0; s.pending.load(std::memory_order_acquire) != 0; ++spins) {
       detail::cpu_relax();
       if ((spins & 63u) == 63u) std::this_thread::yield();
     }
     if (own) std::rethrow_exception(own);
-    if (error_) std::rethrow_exception(error_);
+    if (s.error) std::rethrow_exception(s.error);
   }
+
+  // Workers running now (started on first use; fewer than asked where the system refused one).
+  int workers() const { return state_ ? static_cast<int>(state_->workers.size()) : 0; }
 
  private:
   static constexpr std::uint64_t kTicketStep = 1u << 16;
   static constexpr int kMaxHelpers = static_cast<int>(kTicketStep) - 1;
+
+  // What the workers share with the team, on the heap so that a forked child can leave its copy
+  // (threads that do not exist, a mutex perhaps copied locked) untouched.
+  struct State {
+    unsigned generation = detail::current_fork_generation();
+    std::vector<std::thread> workers;
+    bool refused = false;  // the system refused a worker once: no more attempts
+    std::mutex mutex;
+    std::condition_variable wake;
+    int sleepers = 0;                       // guarded by mutex
+    std::atomic<std::uint64_t> ticket{0};   // region number x kTicketStep + its helper count
+    std::atomic<int> pending{0};            // helpers of the current region not yet done
+    std::atomic<bool> stop{false};
+    void (*job)(void*, int) = nullptr;      // the current region, written before its ticket
+    void* body = nullptr;
+    std::exception_ptr error;               // the first exception a helper threw (guarded by mutex)
+  };
+
+  State& state() {
+    if (state_ && state_->generation != detail::current_fork_generation()) abandon();
+    if (!state_) state_.reset(new State);
+    return *state_;
+  }
+
+  // Keeps a forked-away state reachable (a leak checker would report it otherwise) and never
+  // touches it again: destroying it would join threads that do not exist in this process.
+  void abandon() {
+    static auto* kept = new std::vector<State*>;
+    kept->push_back(state_.release());
+  }
 
   template <class F>
   static void enter(int index, F&& f) {
@@ -129,34 +205,44 @@ class ThreadTeam {
     ~RegionGuard() { place = saved; }
   };
 
-  void start_workers(int helpers) {
-    while (static_cast<int>(workers_.size()) < helpers) {
-      const int index = static_cast<int>(workers_.size()) + 1;
-      const std::uint64_t seen = ticket_.load(std::memory_order_relaxed);
-      workers_.emplace_back([this, index, seen] { work(index, seen); });
+  // Starts workers up to `helpers` and returns how many there are for this region.
+  int start_workers(State& s, int helpers) {
+    // Reserved first: a std::thread dropped by a failed push_back would terminate the process.
+    if (!s.refused && static_cast<int>(s.workers.size()) < helpers) s.workers.reserve(static_cast<std::size_t>(helpers));
+    while (!s.refused && static_cast<int>(s.workers.size()) < helpers) {
+      const int index = static_cast<int>(s.workers.size()) + 1;
+      const std::uint64_t seen = s.ticket.load(std::memory_order_relaxed);
+      State* shared = &s;
+      try {
+        s.workers.push_back(spawn_([shared, index, seen] { work(*shared, index, seen); }));
+      } catch (const std::system_error&) {
+        s.refused = true;
+      }
     }
+    const int have = static_cast<int>(s.workers.size());
+    return have < helpers ? have : helpers;
   }
 
-  void work(int index, std::uint64_t seen) {
+  static void work(State& s, int index, std::uint64_t seen) {
     for (;;) {
-      seen = next_ticket(seen);
-      if (stop_.load(std::memory_order_relaxed)) return;
+      seen = next_ticket(s, seen);
+      if (s.stop.load(std::memory_order_relaxed)) return;
       if (static_cast<int>(seen % kTicketStep) < index) continue;  // a region with fewer helpers
       try {
-        enter(index, [&] { job_(body_, index); });
+        enter(index, [&] { s.job(s.body, index); });
       } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!error_) error_ = std::current_exception();
+        std::lock_guard<std::mutex> lock(s.mutex);
+        if (!s.error) s.error = std::current_exception();
       }
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      s.pending.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
 
   // Waits for a ticket other than `seen`: spinning for kSpinWindow, then asleep.
-  std::uint64_t next_ticket(std::uint64_t seen) {
+  static std::uint64_t next_ticket(State& s, std::uint64_t seen) {
     const auto start = std::chrono::steady_clock::now();
     for (unsigned spins = 1;; ++spins) {
-      const std::uint64_t t = ticket_.load(std::memory_order_acquire);
+      const std::uint64_t t = s.ticket.load(std::memory_order_acquire);
       if (t != seen) return t;
       detail::cpu_relax();
       if ((spins & 63u) == 0u) {
@@ -164,23 +250,15 @@ class ThreadTeam {
         std::this_thread::yield();
       }
     }
-    std::unique_lock<std::mutex> lock(mutex_);
-    ++sleepers_;
-    wake_.wait(lock, [&] { return ticket_.load(std::memory_order_relaxed) != seen; });
-    --sleepers_;
-    return ticket_.load(std::memory_order_acquire);
+    std::unique_lock<std::mutex> lock(s.mutex);
+    ++s.sleepers;
+    s.wake.wait(lock, [&] { return s.ticket.load(std::memory_order_relaxed) != seen; });
+    --s.sleepers;
+    return s.ticket.load(std::memory_order_acquire);
   }
 
-  std::vector<std::thread> workers_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  int sleepers_ = 0;                       // guarded by mutex_
-  std::atomic<std::uint64_t> ticket_{0};   // region number x kTicketStep + its helper count
-  std::atomic<int> pending_{0};            // helpers of the current region not yet done
-  std::atomic<bool> stop_{false};
-  void (*job_)(void*, int) = nullptr;      // the current region, written before its ticket
-  void* body_ = nullptr;
-  std::exception_ptr error_;               // the first exception a helper threw (guarded by mutex_)
+  Spawn spawn_;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace diffusion_gemma::cpu
