@@ -53,7 +53,6 @@ inline void cpu_relax() {
 #endif
 }
 
-
 // Counts the fork() calls this process descends from. A child of fork() has only the thread that
 // called it: the workers of every team it copied do not exist there, and a mutex of theirs may
 // have been copied locked. A team that sees the count change leaves that state alone and starts
