@@ -3,6 +3,9 @@
 // served one at a time by a Decoder, then through a ContinuousBatcher at each --max-batch. Every
 // batched answer is compared with the one-at-a-time answer (they must be identical). Prints JSON:
 // the CPU, the kernel path, and per batch size the wall time, tokens per second and the speed-up.
+// It also counts the model arithmetic of every pass (model_flops.hpp) and measures this CPU's peak
+// for the kernels that ran (peak.hpp): the work divided by the peak is a floor on any schedule's
+// time, so one-at-a-time seconds over that floor bound what batching can gain on this machine.
 //
 //   bench_batch --model DIR [--requests 16] [--max-batch 1,2,4,8,16] [--threads 0] [--precision fast]
 //               [--prompt-tokens 24] [--steps 0 (the checkpoint's)] [--canvases 0 (its max_new_tokens)]
@@ -11,6 +14,7 @@
 //
 // Benchmarks measure; nothing gates on time.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -24,8 +28,44 @@
 #include <diffusion_gemma/runtime/batcher.hpp>
 #include <diffusion_gemma/runtime/decoder.hpp>
 
+#include "../cpu/model_flops.hpp"
+#include "../cpu/peak.hpp"
+
 namespace dg = diffusion_gemma;
-using Engine = dg::cpu::Engine<dg::DiffusionGemmaBackbone>;
+using CpuEngine = dg::cpu::Engine<dg::DiffusionGemmaBackbone>;
+
+// The CPU engine, tallying the model arithmetic of each pass it runs (the same passes whether a
+// sequence runs alone or in a batch, since the answers are identical).
+class Engine : public CpuEngine {
+ public:
+  using CpuEngine::CpuEngine;
+
+  void encode(const std::int32_t* ids, std::int64_t n, Cache& cache) {
+    flops_ += dg_bench::pass_flops(config(), n, cache.length(), false, false);
+    CpuEngine::encode(ids, n, cache);
+  }
+  void denoise_step(const std::int32_t* canvas, std::int64_t n, bool first_step, const Cache& cache,
+                    const dg::VocabPassArgs& args, dg::VocabPassResult& stats) {
+    flops_ += step_flops(n, first_step, cache);
+    CpuEngine::denoise_step(canvas, n, first_step, cache, args, stats);
+  }
+  void encode_batch(const dg::EncodeItem<Cache>* items, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i)
+      flops_ += dg_bench::pass_flops(config(), items[i].n, items[i].cache->length(), false, false);
+    CpuEngine::encode_batch(items, count);
+  }
+  void denoise_step_batch(dg::DenoiseItem<Cache, DenoiseState>* items, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) flops_ += step_flops(items[i].n, items[i].first_step, *items[i].cache);
+    CpuEngine::denoise_step_batch(items, count);
+  }
+  double flops() const { return flops_; }
+
+ private:
+  double step_flops(std::int64_t n, bool first_step, const Cache& cache) const {
+    return dg_bench::pass_flops(config(), n, cache.length(), true, !first_step) + dg_bench::vocab_pass_flops(config(), n);
+  }
+  double flops_ = 0.0;
+};
 using Options = dg::DecodeOptions<dg::ReferenceSampler, dg::CanvasScheduler<>>;
 
 namespace {
@@ -129,6 +169,7 @@ int main(int argc, char** argv) {
     // One at a time.
     std::vector<std::vector<std::int32_t>> reference;
     std::int64_t tokens = 0, forwards = 0;
+    double flops = 0.0;
     double t0 = now();
     if (!profile) {
       dg::Decoder<Engine> decoder(model, eo);
@@ -138,12 +179,26 @@ int main(int argc, char** argv) {
         tokens += valid_tokens(g, r.options.scheduler.pad_token_id);
         forwards += g.forwards;
       }
+      flops = decoder.engine().flops();
     }
     const double sequential = now() - t0;
     out["sequential_seconds"] = sequential;
     out["tokens"] = tokens;
     out["denoiser_forwards"] = forwards;
     out["sequential_tokens_per_second"] = static_cast<double>(tokens) / sequential;
+    if (!profile) {
+      // The arithmetic bound: no schedule does this work faster than the peak allows.
+      const dg::cpu::KernelContext& kc = engine.kernels();
+      const double peak = dg_bench::measured_peak_gflops(kc.isa, kc.bf16_tiles() || kc.bf16_dots(), kc.threads);
+      out["model_flops"] = flops;
+      out["peak_gflops"] = peak;
+      out["peak_kind"] = kc.bf16_tiles() ? "AMX-BF16 tile products" : kc.bf16_dots() ? "AVX512-BF16 dot products" : "fp32 FMA";
+      out["sequential_gflops"] = flops / sequential / 1e9;
+      if (peak > 0.0) {
+        out["sequential_fraction_of_peak"] = flops / sequential / 1e9 / peak;
+        out["speedup_ceiling_at_peak"] = sequential / (flops / (peak * 1e9));
+      }
+    }
 
     nlohmann::ordered_json rows = nlohmann::json::array();
     for (int mb : batches) {
@@ -152,6 +207,7 @@ int main(int argc, char** argv) {
       limits.max_queue = static_cast<std::size_t>(n_requests) + 1;
       dg::ContinuousBatcher<Engine> batcher(engine, limits);
       std::vector<std::vector<std::int32_t>> got(requests.size());
+      const double flops_before = engine.flops();
       t0 = now();
       for (std::size_t i = 0; i < requests.size(); ++i) {
         dg::ContinuousBatcher<Engine>::Request r;
@@ -169,6 +225,13 @@ int main(int argc, char** argv) {
       row["seconds"] = seconds;
       row["tokens_per_second"] = static_cast<double>(tokens) / seconds;
       row["speedup_vs_one_at_a_time"] = sequential / seconds;
+      const double batch_flops = engine.flops() - flops_before;
+      row["gflops"] = batch_flops / seconds / 1e9;
+      // The same passes per sequence as one at a time, or the arithmetic bound would not apply.
+      if (!profile && std::abs(batch_flops - flops) > 1e-9 * flops) {
+        std::fprintf(stderr, "max_batch %d counted %.6g FLOP against %.6g one at a time\n", mb, batch_flops, flops);
+        return 1;
+      }
       row["passes"] = st.passes;
       row["denoise_passes"] = st.denoise_passes;
       row["mean_sequences_per_denoise_pass"] =

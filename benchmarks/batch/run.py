@@ -4,7 +4,9 @@
 configuration (vocabulary 262,144, canvas 256; 4 requests), writes benchmarks/batch/results.json
 and the chart benchmarks/batch/results.svg. Each configuration serves the same requests one at a
 time and then through the continuous batcher at each batch size, in one run on one machine, and
-checks that every batched answer equals the one-at-a-time answer.
+checks that every batched answer equals the one-at-a-time answer. bench_batch also counts the model
+arithmetic and measures the CPU's peak: the chart marks, per configuration, the speed-up that
+running every pass at that peak would give (no batching can exceed it on this machine).
 
     python3 benchmarks/batch/run.py --bench build/benchmarks/bench_batch [--threads 2]
         [--work /tmp/dg_bench]   (where tools/reference/make_bench_checkpoints.py put `small`)
@@ -32,7 +34,8 @@ def chart(results, path):
     groups = [(name, r) for name, r in results.items()]
     bar_w, gap, left, top, height = 26, 40, 60, 40, 220
     width = left + sum(len(r["batched"]) * bar_w + gap for _, r in groups) + 20
-    peak = max(max(b["speedup_vs_one_at_a_time"] for b in r["batched"]) for _, r in groups)
+    peak = max(max([b["speedup_vs_one_at_a_time"] for b in r["batched"]] + [r.get("speedup_ceiling_at_peak", 0.0)])
+               for _, r in groups)
     scale = height / max(peak * 1.1, 1.0)
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + height + 70}" '
            'font-family="sans-serif" font-size="11">',
@@ -53,6 +56,11 @@ def chart(results, path):
             svg.append(f'<text x="{x + (bar_w - 4) / 2}" y="{y0 - h - 3}" text-anchor="middle">{s:.1f}x</text>')
             svg.append(f'<text x="{x + (bar_w - 4) / 2}" y="{y0 + 13}" text-anchor="middle">{b["max_batch"]}</text>')
             x += bar_w
+        ceiling = r.get("speedup_ceiling_at_peak")
+        if ceiling:
+            yc = y0 - ceiling * scale
+            svg.append(f'<line x1="{x_start - 4}" y1="{yc}" x2="{x}" y2="{yc}" stroke="#c0392b" stroke-dasharray="3"/>')
+            svg.append(f'<text x="{x_start}" y="{yc - 3}" fill="#c0392b">all passes at peak: {ceiling:.1f}x</text>')
         svg.append(f'<text x="{(x_start + x) / 2}" y="{y0 + 30}" text-anchor="middle">{name} '
                    f'(V={r["vocab_size"]}, canvas {r["canvas_length"]}, {r["requests"]} requests)</text>')
         svg.append(f'<text x="{(x_start + x) / 2}" y="{y0 + 44}" text-anchor="middle" fill="#555">batch size</text>')
@@ -89,8 +97,12 @@ def main():
     chart(results, os.path.splitext(args.out)[0] + ".svg")
     for name, r in results.items():
         print(f"{name}: one at a time {r['sequential_seconds']:.2f} s ({r['requests']} requests, {r['tokens']} tokens)")
+        if "speedup_ceiling_at_peak" in r:
+            print(f"  {r['model_flops'] / 1e9:.1f} GFLOP; one at a time {r['sequential_gflops']:.0f} GFLOP/s = "
+                  f"{r['sequential_fraction_of_peak']:.0%} of the measured peak {r['peak_gflops']:.0f} GFLOP/s "
+                  f"({r['peak_kind']}); every pass at that peak would be {r['speedup_ceiling_at_peak']:.2f}x")
         for b in r["batched"]:
-            print(f"  max_batch {b['max_batch']:2d}: {b['seconds']:.2f} s, {b['speedup_vs_one_at_a_time']:.2f}x, "
+            print(f"  max_batch {b['max_batch']:2d}: {b['seconds']:.2f} s, {b['speedup_vs_one_at_a_time']:.2f}x, {b['gflops']:.0f} GFLOP/s, "
                   f"{b['mean_sequences_per_denoise_pass']:.1f} sequences per denoising pass, identical answers: "
                   f"{b['identical_answers']}")
 

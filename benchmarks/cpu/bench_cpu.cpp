@@ -30,6 +30,7 @@
 #include <diffusion_gemma/runtime/autoregressive.hpp>
 #include <diffusion_gemma/runtime/decoder.hpp>
 
+#include "model_flops.hpp"
 #include "peak.hpp"
 
 namespace dg = diffusion_gemma;
@@ -61,39 +62,6 @@ std::string arg(int argc, char** argv, const char* name, const std::string& fall
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
   return fallback;
-}
-
-// Model FLOPs of a pass over T tokens at positions p0.. (multiply-add = 2), counting the keys each
-// query sees (docs/model.md §5) and, for a denoising step, the self-conditioning MLP. An encoder
-// pass that only fills the cache (prefill, commit) computes no more than the K/V projections of its
-// last layer (cpu/engine.hpp), and only that is counted there.
-double pass_flops(const dg::ModelConfig& c, std::int64_t T, std::int64_t p0, bool denoise, bool soft) {
-  const double H = c.hidden_size, I = c.intermediate_size, Hq = c.num_heads;
-  double f = 0.0;
-  for (const auto& s : c.layers) {
-    const double D = s.head_dim, kv = s.num_kv_heads * D;
-    if (!denoise && &s == &c.layers.back()) {
-      f += 2.0 * T * H * kv * (s.has_v_proj ? 2 : 1);  // k, v
-      break;
-    }
-    f += 2.0 * T * H * (Hq * D + kv * (s.has_v_proj ? 2 : 1)) + 2.0 * T * Hq * D * H;  // q, k, v, o
-    f += 2.0 * T * 3.0 * H * I;                                                       // dense MLP
-    if (c.enable_moe_block) {
-      f += 2.0 * T * H * c.num_experts + 2.0 * T * c.top_k_experts * 3.0 * H * c.moe_intermediate_size;
-    }
-    double keys = 0.0;
-    for (std::int64_t i = 0; i < T; ++i) {
-      const std::int64_t q = p0 + i;
-      if (denoise) {
-        keys += static_cast<double>(T + (s.type == dg::LayerType::kFull ? p0 : std::min<std::int64_t>(p0, c.sliding_window - 1)));
-      } else {
-        keys += static_cast<double>(s.type == dg::LayerType::kFull ? q + 1 : std::min<std::int64_t>(q + 1, c.sliding_window));
-      }
-    }
-    f += 4.0 * Hq * D * keys;  // scores and values
-  }
-  if (denoise && soft) f += 2.0 * T * 3.0 * H * I;
-  return f;
 }
 
 }  // namespace
@@ -222,7 +190,6 @@ int main(int argc, char** argv) {
   const double peak = dg_bench::measured_peak_gflops(kc.isa, kc.bf16_tiles() || kc.bf16_dots(), kc.threads);
   out["peak_gflops"] = peak;
   out["peak_kind"] = kc.bf16_tiles() ? "AMX-BF16 tile products" : kc.bf16_dots() ? "AVX512-BF16 dot products" : "fp32 FMA";
-  const double vocab_flops = 4.0 * static_cast<double>(C) * static_cast<double>(V) * static_cast<double>(H);
   const auto rate = [&](const char* key, double flops) {
     if (!out.contains(std::string(key) + "_seconds")) return;
     const double g = flops / out[std::string(key) + "_seconds"].get<double>() / 1e9;
@@ -230,9 +197,9 @@ int main(int argc, char** argv) {
     out[std::string(key) + "_gflops"] = g;
     if (peak > 0.0) out[std::string(key) + "_fraction_of_peak"] = g / peak;
   };
-  rate("step", pass_flops(cfg, C, P, true, true) + vocab_flops);
-  rate("commit", pass_flops(cfg, C, P, false, false));
-  rate("prefill", pass_flops(cfg, P, 0, false, false));
+  rate("step", dg_bench::pass_flops(cfg, C, P, true, true) + dg_bench::vocab_pass_flops(cfg, C));
+  rate("commit", dg_bench::pass_flops(cfg, C, P, false, false));
+  rate("prefill", dg_bench::pass_flops(cfg, P, 0, false, false));
   out["weights_bytes"] = static_cast<double>(model->weight_bytes());
   out["kv_cache_bytes"] = static_cast<double>(dg::cpu::KvCache::bytes_for(cfg, P + C));
   out["generate_kv_cache_bytes"] = static_cast<double>(dg::cpu::KvCache::bytes_for(cfg, P + canvases * C));
