@@ -200,7 +200,8 @@ if [ -n "$sanitizer" ]; then
   step memcheck_engine 60 "$sanitizer" --tool memcheck --error-exitcode 1 "$tests" \
     "bad inputs and impossible requests name what is wrong" "cuda::KvCache truncate re-runs a commit exactly" \
     "cuda::Engine encoder chunking is exact: 3-token passes" "cuda::Engine device passes check their ids on the device" \
-    "cuda::Engine refuses a KV cache made for another model or dtype"
+    "cuda::Engine refuses a KV cache made for another model or dtype" \
+    "a plain step after a longer batched step keeps the engine's state in bounds"
 else
   for s in memcheck racecheck memcheck_engine; do
     record "$s" skipped 0 0 "compute-sanitizer not found (set DG_SANITIZER)"

@@ -370,6 +370,53 @@ TEST_CASE("a batch on the device engine gives every row what it gets alone", "[c
   CHECK(r.rows[0].tokens != r.rows[1].tokens);
 }
 
+// denoise_step_batch lends each item's self-conditioning state to the engine, and a pass longer
+// than the engine's reserve grows the workspace while the item's state is the one swapped in. A
+// later single-sequence step of that length must not write its soft embedding past the end of the
+// engine's own (smaller) state: it runs as a fresh engine's does (compute-sanitizer's memcheck in
+// scripts/gpu-check.sh sees any write out of bounds).
+TEST_CASE("a plain step after a longer batched step keeps the engine's state in bounds", "[cuda][engine][batch]") {
+  const HostCheckpoint ckpt = dg_cuda_test::load_checkpoint(dg_test::fixture("dg_small"));
+  dc::EngineOptions opts;
+  opts.max_pass_tokens = 4;  // the engine reserves max(4, canvas) rows at construction
+  Harness<DiffusionGemmaBackbone> used(device_model(ckpt, DType::kF32), opts);
+  Harness<DiffusionGemmaBackbone> fresh(used.model, opts);
+  const std::int64_t C = ckpt.config.canvas_length, n = 2 * C;
+  const std::vector<std::int32_t> prompt{2, 5, 9};
+  std::vector<std::int32_t> canvas(static_cast<std::size_t>(n)), canvas2(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    canvas[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(3 + (7 * i) % (used.V - 3));
+    canvas2[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(3 + (11 * i + 5) % (used.V - 3));
+  }
+  dc::KvCache cache_used = used.engine.make_cache(3 + n), cache_fresh = fresh.engine.make_cache(3 + n);
+  used.engine.encode(prompt.data(), 3, cache_used);
+  fresh.engine.encode(prompt.data(), 3, cache_fresh);
+  VocabPassArgs args;
+  args.key.seed = 5;
+
+  VocabPassResult lent;
+  lent.resize(n, used.H, false);
+  dc::Engine<DiffusionGemmaBackbone>::DenoiseState state;
+  DenoiseItem<dc::KvCache, dc::Engine<DiffusionGemmaBackbone>::DenoiseState> item{canvas.data(), n, true,
+                                                                                 &cache_used, args, &lent, &state};
+  used.engine.denoise_step_batch(&item, 1);
+
+  for (int step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    const std::vector<std::int32_t>& ids = step == 0 ? canvas : canvas2;
+    VocabPassResult a, b;
+    a.resize(n, used.H, false);
+    b.resize(n, used.H, false);
+    used.engine.denoise_step(ids.data(), n, step == 0, cache_used, args, a);
+    fresh.engine.denoise_step(ids.data(), n, step == 0, cache_fresh, args, b);
+    CHECK(a.argmax == b.argmax);
+    CHECK(a.sample == b.sample);
+    CHECK(a.entropy == b.entropy);
+  }
+  // A denoiser pass whose hidden states nobody reads, as the CPU engine allows.
+  CHECK_NOTHROW(used.engine.denoise(canvas.data(), n, nullptr, cache_used, nullptr));
+}
+
 TEST_CASE("cuda::KvCache truncate re-runs a commit exactly", "[cuda][engine]") {
   const HostCheckpoint ckpt = dg_cuda_test::load_checkpoint(dg_test::fixture("dg_small"));
   Harness<DiffusionGemmaBackbone> h(device_model(ckpt, DType::kF32));

@@ -165,7 +165,7 @@ class Engine {
     dispatch([&](auto act) {
       run_pass<decltype(act)>(AttentionMode::kDenoiser, buf_.ids, n, soft, cache, nullptr, cache.length(), buf_.hidden);
     });
-    download(hidden_out, buf_.hidden, n * cfg_.hidden_size);
+    if (hidden_out != nullptr) download(hidden_out, buf_.hidden, n * cfg_.hidden_size);  // optional, as on the CPU
     synchronize();
   }
 
@@ -177,6 +177,14 @@ class Engine {
                     const VocabPassArgs& args, VocabPassResult& stats) {
     check_denoise(canvas, n, cache);
     upload_ids(canvas, n);
+    // reserve() sizes whichever state is swapped in (denoise_step_batch lends an item's), so the
+    // one in use now may be smaller than the pass: a larger canvas starts a fresh state.
+    const std::size_t soft_need = static_cast<std::size_t>(n) * static_cast<std::size_t>(cfg_.hidden_size);
+    if (soft_.size() < soft_need) {
+      stream_.synchronize();  // nothing in flight may still use the old buffer
+      soft_ = DeviceBuffer<float>(soft_need, "self-conditioning state");
+      soft_valid_ = false;
+    }
     const bool use_soft = !first_step && soft_valid_ && soft_rows_ == n;
     dispatch([&](auto act) {
       using Act = decltype(act);

@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kVocabThreads) vocab_tile_kernel(VocabTilePara
       const int i = c * kChunk + k * kWarpSize + lane;
       if (i >= p.n) break;
       const float d = L[i] - m;
-      const float e = expf(d);
+      const float e = math::exp_approx(d);  // the CPU pass's exponential, element for element
       sum += e;
       if (e > 0.0f) weighted += e * d;  // as math::softmax_stats_block: -inf logits add nothing
       mass += e;
@@ -175,7 +175,8 @@ __global__ void __launch_bounds__(kVocabThreads)
   if (threadIdx.x == 0) {
     argmax[r] = st.argmax;
     sample[r] = sampled ? st.sample : -1;
-    entropy[r] = st.stats.entropy();
+    // No finite logit in the row (NaN activations): NaN, as the CPU pass reports, not a confident 0.
+    entropy[r] = st.stats.max > -INFINITY ? st.stats.entropy() : NAN;
   }
   if (soft != nullptr) {
     const float scale = embed_scale / st.stats.sum;
