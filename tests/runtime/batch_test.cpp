@@ -3,6 +3,9 @@
 // composition of a ContinuousBatcher, at any thread count, in both precisions; admission follows
 // the memory budget; cancellation ends a request within one step and frees its memory.
 #include <map>
+#include <new>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <diffusion_gemma/cpu/engine.hpp>
@@ -247,6 +250,112 @@ TEST_CASE("cancellation ends a request before the next pass and frees its memory
   }
   CHECK(batcher.stats().bytes_in_use == 0);
   CHECK(batcher.stats().cancelled == 1);
+}
+
+namespace {
+
+// The CPU engine with faults to order: KV caches that cannot be allocated, batched denoising
+// passes that run out of memory (as a pass whose buffers grow with the batch can).
+struct FaultyEngine : CpuEngine {
+  using CpuEngine::CpuEngine;
+  mutable int caches_to_refuse = 0;
+  int denoise_passes_to_fail = 0;
+  Cache make_cache(std::int64_t capacity) const {
+    if (caches_to_refuse > 0) {
+      --caches_to_refuse;
+      throw std::bad_alloc();
+    }
+    return CpuEngine::make_cache(capacity);
+  }
+  void denoise_step_batch(DenoiseItem<Cache, DenoiseState>* items, std::size_t count) {
+    if (denoise_passes_to_fail > 0) {
+      --denoise_passes_to_fail;
+      throw std::bad_alloc();
+    }
+    CpuEngine::denoise_step_batch(items, count);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("requests that run out of memory end with kOutOfMemory; the others go on", "[runtime][batch]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  cpu::EngineOptions eo;
+  eo.threads = 1;
+  const auto reference = alone(model, eo);
+  FaultyEngine engine(model, eo);
+  ContinuousBatcher<FaultyEngine>::Limits limits;
+  limits.max_batch = 2;
+  limits.memory_budget_bytes = std::size_t{1} << 30;
+  ContinuousBatcher<FaultyEngine> batcher(engine, limits);
+  const auto cs = cases(*model);
+  std::vector<Status> status(cs.size());
+  std::vector<int> calls(cs.size(), 0);
+  std::vector<std::vector<std::int32_t>> out(cs.size());
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    ContinuousBatcher<FaultyEngine>::Request r;
+    r.prompt = cs[i].prompt;
+    r.options = cs[i].options;
+    r.on_done = [&, i](const GenerationResult& g, const Status& st) {
+      status[i] = st;
+      out[i] = answer(g);
+      ++calls[i];
+    };
+    batcher.submit(std::move(r));
+  }
+  // The first request's cache cannot be allocated: it ends, takes no budget, and the next two run.
+  engine.caches_to_refuse = 1;
+  REQUIRE_NOTHROW(batcher.step());
+  CHECK(calls[0] == 1);
+  CHECK(status[0].code() == StatusCode::kOutOfMemory);
+  CHECK(batcher.stats().active == 2);
+  CHECK(batcher.stats().bytes_in_use < limits.memory_budget_bytes);
+  // Their next denoising pass runs out of memory: both end with the error instead of the batcher
+  // throwing (and retrying the same pass on every step).
+  engine.denoise_passes_to_fail = 1;
+  REQUIRE_NOTHROW(batcher.step());
+  CHECK(calls[1] == 1);
+  CHECK(calls[2] == 1);
+  CHECK(status[1].code() == StatusCode::kOutOfMemory);
+  CHECK(status[2].code() == StatusCode::kOutOfMemory);
+  CHECK(std::string(status[1].message()).find("denoising pass") != std::string::npos);
+  while (batcher.step()) {
+  }
+  for (std::size_t i = 3; i < cs.size(); ++i) {
+    CHECK(calls[i] == 1);
+    CHECK(status[i].ok());
+    CHECK(out[i] == reference[i]);
+  }
+  CHECK(batcher.stats().bytes_in_use == 0);
+  CHECK(batcher.stats().failed == 3);
+}
+
+TEST_CASE("an on_done that throws does not cost the other requests theirs", "[runtime][batch]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  CpuEngine engine(model);
+  Batcher batcher(engine, Batcher::Limits{});
+  const auto cs = cases(*model);
+  int second = 0;
+  std::vector<Batcher::RequestId> ids;
+  for (int i = 0; i < 2; ++i) {
+    Batcher::Request r;
+    r.prompt = cs[static_cast<std::size_t>(i)].prompt;
+    r.options = cs[static_cast<std::size_t>(i)].options;
+    if (i == 0) {
+      r.on_done = [](const GenerationResult&, const Status&) { throw std::runtime_error("a client's callback failed"); };
+    } else {
+      r.on_done = [&](const GenerationResult&, const Status& st) {
+        CHECK(st.code() == StatusCode::kCancelled);
+        ++second;
+      };
+    }
+    ids.push_back(batcher.submit(std::move(r)));
+  }
+  batcher.cancel(ids[0]);  // both end in the same step, the throwing one first
+  batcher.cancel(ids[1]);
+  CHECK_THROWS_WITH(batcher.step(), Catch::Matchers::Contains("a client's callback failed"));
+  CHECK(second == 1);
+  CHECK(batcher.stats().cancelled == 2);
 }
 
 TEST_CASE("BatchDecoder lays rows out as transformers' batched generate does", "[runtime][batch]") {

@@ -242,6 +242,7 @@ class Server {
     }
     {
       std::lock_guard<std::mutex> lock(registry_mu_);
+      cancelled_all_ = true;  // a request that registers from now on cancels itself
       for (auto& [id, channel] : registry_) {
         channel->abandoned = true;
         batcher_.cancel(id);
@@ -701,6 +702,7 @@ class Server {
     bool first_chunk = false;
     bool role_sent = false;
     bool finished = false;
+    bool failed = false;  // a choice failed: the response is an error, the other choices are stopped
     std::string endpoint;
 
     serve::ResponseShape::Choice result(std::size_t i, const char* reason) const { return {choices[i].text->text(), reason}; }
@@ -805,6 +807,9 @@ class Server {
     {
       std::lock_guard<std::mutex> lock(registry_mu_);
       for (const auto& c : job->choices) registry_[c.id] = job->channel;
+      // Admitted just before shutdown began, but registered after its sweep: stop here, or the
+      // request would run to the end and hold the exit past --shutdown-timeout.
+      if (cancelled_all_) stop_generation(*job);
     }
     // The seed the answer came from (drawn for "seed": -1), and the fields accepted without effect.
     res.set_header("X-Dgemma-Seed", std::to_string(job->request.seed));
@@ -953,6 +958,7 @@ class Server {
       auto ev = job.channel->pop(std::chrono::milliseconds(1000));
       if (!ev || ev->kind == serve::Event::Kind::kDraft || stale(job, *ev)) continue;
       if (fails(job, *ev)) {
+        job.failed = true;
         send_error(res, failure(ev->status.ok() ? dg::Status(dg::StatusCode::kInternal, "no final canvas") : ev->status));
         return;
       }
@@ -1063,6 +1069,7 @@ class Server {
     if (fails(job, *ev)) {
       // OpenAI streams an error object as a data event; its clients raise it.
       job.finished = true;
+      job.failed = true;
       const bool ok = send(serve::sse_data(failure(ev->status.ok() ? dg::Status(dg::StatusCode::kInternal, "no final canvas")
                                                                   : ev->status)
                                                .body())) &&
@@ -1103,6 +1110,7 @@ class Server {
     }
     if (fails(job, ev)) {
       job.finished = true;
+      job.failed = true;
       const bool ok = send(serve::sse_data(
           failure(ev.status.ok() ? dg::Status(dg::StatusCode::kInternal, "no final canvas") : ev.status).body()));
       sink.done();
@@ -1126,10 +1134,10 @@ class Server {
 
   // Called once per accepted request when its response is over, however it ended.
   void finish(Job& job) {
-    if (!job.finished) {
-      stop_generation(job);
-      metrics_.disconnect();
-    }
+    // After a failure the other choices (n > 1, a llama.cpp prompt list) may still be running,
+    // with nobody left to read them; a client gone leaves all of them running.
+    if (!job.finished || job.failed) stop_generation(job);
+    if (!job.finished && !job.failed) metrics_.disconnect();
     metrics_.latency(job.endpoint, seconds_since(job.arrived));
     {
       std::lock_guard<std::mutex> lock(registry_mu_);
@@ -1156,6 +1164,7 @@ class Server {
   std::atomic<std::uint64_t> request_counter_{0};
   std::mutex registry_mu_;
   std::map<Batcher::RequestId, std::shared_ptr<serve::Channel>> registry_;
+  bool cancelled_all_ = false;  // guarded by registry_mu_: shutdown has cancelled what was registered
 };
 
 }  // namespace

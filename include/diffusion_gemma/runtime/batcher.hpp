@@ -14,9 +14,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
+#include <string>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -119,7 +122,8 @@ class ContinuousBatcher {
   bool step() {
     std::vector<Entry> done;
     apply_cancels(done);
-    admit();
+    retire(done);  // a cancelled request's slot and budget go to the queue in this same step
+    admit(done);
     if (active_.empty()) {
       finish(done);
       return !done.empty();
@@ -166,16 +170,33 @@ class ContinuousBatcher {
     stats_.queued = queue_.size();
   }
 
-  void admit() {
-    std::lock_guard<std::mutex> lock(mu_);
-    while (!queue_.empty() && static_cast<int>(active_.size()) < limits_.max_batch) {
-      Entry& next = queue_.front();
-      if (limits_.memory_budget_bytes > 0 && bytes_in_use_ + next.seq->bytes() > limits_.memory_budget_bytes) break;
+  // Moves requests from the queue while they fit. Each KV cache is allocated outside the lock (a
+  // large one takes a while, and submit/cancel must not wait for it); a request whose allocation
+  // fails ends with that error and takes no budget.
+  void admit(std::vector<Entry>& done) {
+    for (;;) {
+      Entry next;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (queue_.empty() || static_cast<int>(active_.size()) >= limits_.max_batch) break;
+        const std::size_t need = queue_.front().seq->bytes();
+        if (limits_.memory_budget_bytes > 0 && bytes_in_use_ + need > limits_.memory_budget_bytes) break;
+        next = std::move(queue_.front());
+        queue_.pop_front();
+        stats_.queued = queue_.size();
+      }
+      try {
+        next.seq->start(engine_);
+      } catch (const std::exception& err) {
+        next.seq->cancel();
+        next.status = status_of(err, "allocating the request's KV cache");
+        done.push_back(std::move(next));
+        continue;
+      }
       bytes_in_use_ += next.seq->bytes();
-      next.seq->start(engine_);
       active_.push_back(std::move(next));
-      queue_.pop_front();
     }
+    std::lock_guard<std::mutex> lock(mu_);
     running_ = active_.size();
     stats_.queued = queue_.size();
     stats_.active = active_.size();
@@ -191,16 +212,24 @@ class ContinuousBatcher {
     }
   }
 
+  // What an exception from the engine or a sequence means for the request: an Error keeps its
+  // code; running out of memory (a pass's buffers grow with the batch and the caches) is
+  // kOutOfMemory; anything else is internal.
+  static Status status_of(const std::exception& err, const char* during) {
+    if (const auto* e = dynamic_cast<const Error*>(&err)) return Status(e->code(), e->what());
+    if (dynamic_cast<const std::bad_alloc*>(&err) != nullptr) {
+      return Status(StatusCode::kOutOfMemory, std::string("out of memory ") + during);
+    }
+    return Status(StatusCode::kInternal, std::string(during) + ": " + err.what());
+  }
+
   template <class F>
   void guarded(Entry& e, F&& f) {
     try {
       f();
-    } catch (const Error& err) {
-      e.seq->cancel();
-      e.status = Status(err.code(), err.what());
     } catch (const std::exception& err) {
       e.seq->cancel();
-      e.status = Status(StatusCode::kInternal, err.what());
+      e.status = status_of(err, "after a pass");
     }
   }
 
@@ -215,8 +244,8 @@ class ContinuousBatcher {
     if (items.empty()) return;
     try {
       engine_.encode_batch(items.data(), items.size());
-    } catch (const Error& err) {
-      fail(members, Status(err.code(), err.what()));
+    } catch (const std::exception& err) {
+      fail(members, status_of(err, "in a batched encoder pass"));
       return;
     }
     count_pass(0, 0, 0);
@@ -236,8 +265,8 @@ class ContinuousBatcher {
     if (items.empty()) return;
     try {
       engine_.denoise_step_batch(items.data(), items.size());
-    } catch (const Error& err) {
-      fail(members, Status(err.code(), err.what()));
+    } catch (const std::exception& err) {
+      fail(members, status_of(err, "in a batched denoising pass"));
       return;
     }
     count_pass(static_cast<int>(items.size()), rows, items.size());
@@ -273,8 +302,10 @@ class ContinuousBatcher {
     stats_.bytes_in_use = bytes_in_use_;
   }
 
-  // on_done outside the lock: a callback may submit or cancel.
+  // on_done outside the lock: a callback may submit or cancel. Every request gets its on_done
+  // even when an earlier one throws; the first exception is rethrown after the last call.
   void finish(std::vector<Entry>& done) {
+    std::exception_ptr first;
     for (auto& e : done) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -286,9 +317,14 @@ class ContinuousBatcher {
           ++stats_.failed;
         }
       }
-      if (e.on_done) e.on_done(e.seq->result(), e.status);
+      try {
+        if (e.on_done) e.on_done(e.seq->result(), e.status);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
     }
     done.clear();
+    if (first) std::rethrow_exception(first);
   }
 
   Engine& engine_;
