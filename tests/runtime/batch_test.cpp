@@ -358,6 +358,29 @@ TEST_CASE("an on_done that throws does not cost the other requests theirs", "[ru
   CHECK(batcher.stats().cancelled == 2);
 }
 
+TEST_CASE("an on_commit that throws ends its request with the canvas recorded once", "[runtime][batch]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  CpuEngine engine(model);
+  Batcher batcher(engine, Batcher::Limits{});
+  const auto cs = cases(*model);
+  Batcher::Request r;
+  r.prompt = cs[0].prompt;
+  r.options = cs[0].options;  // one canvas: the last, committed from within its denoising step
+  r.callbacks.on_commit = [](const CommitEvent&) -> bool { throw std::runtime_error("the client's sink failed"); };
+  int calls = 0;
+  r.on_done = [&](const GenerationResult& g, const Status& st) {
+    ++calls;
+    CHECK(st.code() == StatusCode::kInternal);
+    CHECK(st.message().find("the client's sink failed") != std::string::npos);
+    REQUIRE(g.canvases.size() == 1);
+    CHECK(g.canvases[0].stop != CanvasStop::kCancelled);
+  };
+  batcher.submit(std::move(r));
+  while (batcher.step()) {
+  }
+  CHECK(calls == 1);
+}
+
 TEST_CASE("BatchDecoder lays rows out as transformers' batched generate does", "[runtime][batch]") {
   auto model = cpu::Model::load(dg_test::fixture("dg_small"));
   cpu::EngineOptions eo;

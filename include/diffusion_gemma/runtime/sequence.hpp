@@ -245,7 +245,7 @@ class Sequence {
   // recorded as cancelled; the KV cache is freed.
   void cancel() {
     if (work_ == Work::kDone) return;
-    if (work_ == Work::kDenoise || committing_) {
+    if ((work_ == Work::kDenoise || committing_) && !rec_recorded_) {
       rec_.stop = CanvasStop::kCancelled;
       rec_.seconds = since(tc_);
       result_.canvases.push_back(rec_);
@@ -278,6 +278,7 @@ class Sequence {
     Sampler::State::init(rng_, b, cfg_->vocab_size, canvas_.data(), C_);
     Sampler::Stopping::reset(options_.sampler.stopping, stopping_state_);
     rec_ = CanvasRecord{};
+    rec_recorded_ = false;
     rec_.canvas = b;
     rec_.position = position_;
     rec_.length = C_;
@@ -306,6 +307,7 @@ class Sequence {
     position_ += C_;
     rec_.seconds = since(tc_);
     result_.canvases.push_back(rec_);
+    rec_recorded_ = true;  // an on_commit that throws must not have it recorded again as cancelled
     if (b_ == 0) result_.first_commit_seconds = since(t0_);
     if (callbacks_.on_commit &&
         !callbacks_.on_commit(CommitEvent{result_.canvases.back(), draft_.data(), rec_.valid_tokens, finished_ || last_})) {
@@ -345,6 +347,7 @@ class Sequence {
   typename Sampler::Acceptance::State acceptance_state_{};
   typename Sampler::Stopping::State stopping_state_{};
   CanvasRecord rec_;
+  bool rec_recorded_ = false;  // rec_ is in result_.canvases already
   GenerationResult result_;
   clock::time_point t0_, tc_, ts_;
 };
