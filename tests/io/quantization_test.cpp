@@ -311,6 +311,19 @@ TEST_CASE("FP8 E4M3 encode and decode agree on every code", "[io][quant]") {
   CHECK(quant::float_to_fp8_e4m3(1.1875f) == quant::float_to_fp8_e4m3(1.25f));
 }
 
+TEST_CASE("activation codes keep zeros at zero whatever the chunk's largest value", "[io][quant]") {
+  // Below about 3.7e-37, 127 / max|a| overflows: an infinite inverse scale made 0 * inf = NaN,
+  // which clamps to the code of -127.
+  for (float absmax : {1.0f, 1e-30f, 1e-37f, 1e-38f, 1e-45f}) {
+    INFO("max |a| " << absmax);
+    const float inv = quant::activation_inverse_scale(absmax);
+    CHECK(std::isfinite(inv));
+    CHECK(quant::activation_code(0.0f, inv) == 128);
+  }
+  CHECK(quant::activation_code(1.0f, quant::activation_inverse_scale(1.0f)) == 255);
+  CHECK(quant::activation_code(-0.5f, quant::activation_inverse_scale(1.0f)) == 128 - 64);  // -63.5 to even
+}
+
 TEST_CASE("quantization_config refusals name the key and the scheme", "[io][quant]") {
   const auto error_of = [](const std::string& qc) {
     try {
@@ -336,6 +349,21 @@ TEST_CASE("quantization_config refusals name the key and the scheme", "[io][quan
   CHECK_THAT(error_of(ct(R"({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "actorder": "group"})")),
              Contains("actorder") && Contains("activation-order"));
   CHECK_THAT(error_of(ct(R"({"num_bits": 4, "type": "int", "strategy": "group"})")), Contains("group_size"));
+  // actorder as compressed-tensors reads it: false is no ordering, true the old spelling of
+  // "group"; strings in any case.
+  CHECK(error_of(ct(R"({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "actorder": false})")).empty());
+  CHECK(error_of(ct(R"({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "actorder": "WEIGHT"})")).empty());
+  CHECK_THAT(error_of(ct(R"({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "actorder": true})")),
+             Contains("actorder 'group'"));
+  CHECK_THAT(error_of(ct(R"({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "actorder": "Dynamic"})")),
+             Contains("actorder 'dynamic'"));
+  // A group longer than any row would overflow the group counts (to zero groups, accepting a
+  // scale tensor of no bytes): refused.
+  CHECK_THAT(error_of(ct(R"({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 9223372036854775807})")),
+             Contains("group_size") && Contains("larger than any row"));
+  CHECK_THAT(error_of(R"({"quant_method": "gptq", "bits": 4, "group_size": 9223372036854775807})"),
+             Contains("group_size") && Contains("larger than any row"));
+  CHECK_THAT(error_of(ct(R"({"num_bits": 4, "type": "int", "group_size": -5})")), Contains("group_size"));
   CHECK_THAT(error_of(ct(R"({"num_bits": 8, "type": "int", "strategy": "channel", "dynamic": true})")), Contains("dynamic"));
   CHECK_THAT(error_of(R"({"quant_method": "awq", "bits": 4})"), Contains("quant_method") && Contains("awq"));
   CHECK_THAT(error_of(R"({"quant_method": "gptq", "bits": 3, "group_size": 128})"), Contains("bits") && Contains("3 bits"));
@@ -355,6 +383,21 @@ TEST_CASE("quantization_config refusals name the key and the scheme", "[io][quan
   CHECK_THAT(error_of(R"({"quant_method": "compressed-tensors", "config_groups": {}, "ignore": ["re:x\\5555555555555555555"]})"),
              Contains("ignore") && Contains("has a backreference"));
   CHECK(error_of(R"({"quant_method": "compressed-tensors", "config_groups": {}, "ignore": ["re:a\\\\1"]})").empty());
+}
+
+TEST_CASE("a missing strategy is inferred from group_size, as compressed-tensors does", "[io][quant]") {
+  const auto strategy_of = [](const std::string& weights) {
+    const std::string qc = R"({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": )"
+                           R"({"group_0": {"targets": ["Linear"], "weights": )" + weights + "}}}";
+    const auto c = io::parse_quantization_config(io::parse_json_text("{\"quantization_config\": " + qc + "}", "t"),
+                                                 "config.json");
+    REQUIRE(c.groups.size() == 1);
+    return c.groups[0].weights.strategy + "/" + std::to_string(c.groups[0].weights.group_size);
+  };
+  CHECK(strategy_of(R"({"num_bits": 4, "type": "int", "group_size": 64})") == "group/64");
+  CHECK(strategy_of(R"({"num_bits": 4, "type": "int", "group_size": -1})").rfind("channel/", 0) == 0);
+  CHECK(strategy_of(R"({"num_bits": 8, "type": "int"})").rfind("tensor/", 0) == 0);
+  CHECK(strategy_of(R"({"num_bits": 8, "type": "int", "group_size": null})").rfind("tensor/", 0) == 0);
 }
 
 TEST_CASE("mixed-precision configs take each group's own format", "[io][quant]") {

@@ -94,7 +94,12 @@ DG_HOST_DEVICE float dequantize(float q_minus_zero, float scale, DType scale_dty
 // values that share it. The code is rounded to nearest, ties to even (rintf, as cvtps2dq does);
 // NaN becomes -127, as the vector conversion's out-of-range value clamps there.
 DG_HOST_DEVICE float activation_scale(float absmax) { return absmax / 127.0f; }
-DG_HOST_DEVICE float activation_inverse_scale(float absmax) { return absmax > 0.0f ? 127.0f / absmax : 0.0f; }
+// 0 also where 127 / absmax overflows (absmax below about 3.7e-37): an infinite inverse would turn
+// the zeros of that chunk into NaN, which clamps to -127; with 0 every code is 0.
+DG_HOST_DEVICE float activation_inverse_scale(float absmax) {
+  const float inv = absmax > 0.0f ? 127.0f / absmax : 0.0f;
+  return inv < INFINITY ? inv : 0.0f;
+}
 DG_HOST_DEVICE std::uint8_t activation_code(float a, float inverse_scale) {
   const float t = rintf(a * inverse_scale);
   const int v = (t >= -127.0f && t <= 127.0f) ? static_cast<int>(t) : (t > 127.0f ? 127 : -127);

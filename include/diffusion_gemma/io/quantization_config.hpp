@@ -10,6 +10,7 @@
 // start of the name, or by the module's class name ("Linear", "Embedding").
 #pragma once
 
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -139,6 +140,9 @@ struct QuantizationConfig {
   }
 };
 
+// Largest group_size read: model widths are ints, so no group is longer than this.
+constexpr std::int64_t kMaxGroupSize = std::int64_t{1} << 31;
+
 namespace detail {
 
 inline std::vector<ModulePattern> pattern_list(const JsonObject& o, const std::string& key) {
@@ -182,7 +186,16 @@ inline QuantWeights parse_quant_weights(const JsonObject& w, const std::string& 
   q.type = w.string("type");
   q.num_bits = w.int32("num_bits");
   q.symmetric = w.boolean_or("symmetric", true);
-  q.strategy = w.has_non_null("strategy") ? w.string("strategy") : std::string("tensor");
+  if (w.has_non_null("strategy")) {
+    q.strategy = w.string("strategy");
+  } else {
+    // compressed-tensors infers it from group_size: absent -> tensor, > 0 -> group, -1 -> channel.
+    const std::int64_t gs = w.has_non_null("group_size") ? w.integer("group_size") : 0;
+    if (w.has_non_null("group_size") && gs != -1 && gs <= 0) {
+      w.fail("group_size", "must be positive (strategy 'group') or -1 (strategy 'channel'), got ", gs);
+    }
+    q.strategy = !w.has_non_null("group_size") ? "tensor" : gs == -1 ? "channel" : "group";
+  }
   if (w.has_non_null("dynamic")) {
     const Json& d = w.raw("dynamic");
     if (!(d.is_boolean() && !d.get<bool>())) refuse(w, "dynamic", "dynamically quantized weights are not supported");
@@ -196,15 +209,19 @@ inline QuantWeights parse_quant_weights(const JsonObject& w, const std::string& 
   }
   if (w.has_non_null("actorder")) {
     const Json& a = w.raw("actorder");
-    const std::string order = a.is_string() ? a.get<std::string>() : a.dump();
-    // "weight"/"static" only reorder the quantisation itself; "group"/"dynamic" store g_idx.
-    if (order != "weight" && order != "static") {
+    std::string order = a.is_string() ? a.get<std::string>() : a.is_boolean() ? (a.get<bool>() ? "group" : "") : a.dump();
+    for (char& ch : order) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    // "weight"/"static" only reorder the quantisation itself; "group"/"dynamic" (and true, the old
+    // spelling of "group") store g_idx. false is no ordering, as compressed-tensors reads it.
+    if (!order.empty() && order != "weight" && order != "static") {
       refuse(w, "actorder", "activation-order groups (actorder '", order, "', weight_g_idx) are not supported");
     }
   }
   if (q.strategy == "group") {
     q.group_size = w.integer("group_size");
     if (q.group_size <= 0) w.fail("group_size", "must be positive for strategy 'group' (got ", q.group_size, ")");
+    // No row is that long; bounding it keeps every group count's arithmetic far from overflow.
+    if (q.group_size > kMaxGroupSize) w.fail("group_size", "is larger than any row can be (got ", q.group_size, ")");
   }
   if (q.type == "float") {
     if (q.num_bits != 8) refuse(w, "num_bits", "float weights of ", q.num_bits, " bits are not supported (FP8 E4M3 only)");
@@ -273,6 +290,7 @@ inline QuantizationConfig parse_gptq(const JsonObject& qc) {
   if (c.bits != 4 && c.bits != 8) refuse(qc, "bits", "GPTQ with ", c.bits, " bits is not supported (4 and 8)");
   c.group_size = qc.integer_or("group_size", 128);
   if (c.group_size == 0 || c.group_size < -1) qc.fail("group_size", "must be -1 or positive (got ", c.group_size, ")");
+  if (c.group_size > kMaxGroupSize) qc.fail("group_size", "is larger than any row can be (got ", c.group_size, ")");
   c.desc_act = qc.boolean_or("desc_act", false);
   c.sym = qc.boolean_or("sym", true);
   std::string fmt = "gptq";
