@@ -139,6 +139,7 @@ int cmd_batch(const std::vector<std::string>& args) {
   format.chat = f.flag("chat");
   format.think = f.flag("think");
   format.system = f.str("system", "");
+  if (format.chat) format.empty_thought_channel = dg::io::chat_options_for(dir).empty_thought_channel;
 
   // Every line is read and checked before any work, so that line 900 cannot fail after an hour.
   std::vector<Item> items;

@@ -56,6 +56,7 @@ struct PromptFormat {
   bool chat = false;
   bool think = false;
   std::string system;  // empty: no system turn
+  bool empty_thought_channel = false;  // io::chat_options_for(): as the checkpoint's chat template
 };
 inline std::vector<std::int32_t> encode_text_prompt(const diffusion_gemma::io::Tokenizer& tok,
                                                     const diffusion_gemma::ModelConfig& cfg, const std::string& text,
@@ -68,6 +69,7 @@ inline std::vector<std::int32_t> encode_text_prompt(const diffusion_gemma::io::T
     msgs.push_back({"user", text});
     diffusion_gemma::io::ChatOptions co;
     co.enable_thinking = format.think;
+    co.empty_thought_channel = format.empty_thought_channel;
     ids = diffusion_gemma::io::encode_chat(tok, msgs, co);
   } else {
     ids = tok.encode(text);

@@ -210,6 +210,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     format.chat = f.flag("chat");
     format.think = f.flag("think");
     format.system = f.str("system", "");
+    if (format.chat) format.empty_thought_channel = dg::io::chat_options_for(dir).empty_thought_channel;
     prompt = encode_text_prompt(*tok, cfg, text, format, "--prompt");
   }
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The Gemma 4 chat format against Jinja renderings (tools/reference/make_tokenizer_fixtures.py) and the spec.
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -113,4 +114,37 @@ TEST_CASE("stop ids come from generation_config.json and must exist in the token
   CHECK(tok.id_to_token(50) == "<|tool_response>");
   gen.stop_token_ids.push_back(5000);
   CHECK_THROWS_WITH(io::chat_stop_ids(gen, tok), Contains("generation_config.json: stop token id 5000 is not in"));
+}
+
+TEST_CASE("the generation prompt ends as the checkpoint's own chat template ends it", "[io][chat]") {
+  const auto dir_with = [](const std::string& name, const std::string& file, const std::string& text) {
+    const std::string d = dg_test::temp_dir("chat_template_" + name);
+    if (!file.empty()) {
+      std::ofstream(d + "/" + file) << text;
+    }
+    return d;
+  };
+  // The 26B/31B copies of the template write the empty thought channel when thinking is off, in the
+  // Jinja source with an escaped newline.
+  const std::string with_block =
+      "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- if not enable_thinking -%}"
+      "{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}{%- endif -%}";
+  const std::string without_block = "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- endif -%}";
+  const Json as_string = Json{{"chat_template", with_block}};
+  const Json as_list = Json{{"chat_template", Json::array({Json{{"name", "tool_use"}, {"template", without_block}},
+                                                           Json{{"name", "default"}, {"template", with_block}}})}};
+
+  CHECK_FALSE(io::chat_options_for(dir_with("none", "", "")).empty_thought_channel);
+  CHECK(io::chat_options_for(dir_with("jinja", "chat_template.jinja", with_block)).empty_thought_channel);
+  CHECK_FALSE(io::chat_options_for(dir_with("jinja_plain", "chat_template.jinja", without_block)).empty_thought_channel);
+  CHECK(io::chat_options_for(dir_with("config", "tokenizer_config.json", as_string.dump())).empty_thought_channel);
+  CHECK(io::chat_options_for(dir_with("list", "tokenizer_config.json", as_list.dump())).empty_thought_channel);
+  CHECK_FALSE(io::chat_options_for(dir_with("no_key", "tokenizer_config.json", R"({"bos_token": "<bos>"})"))
+                  .empty_thought_channel);
+  CHECK_THROWS_WITH(io::chat_options_for(dir_with("broken", "tokenizer_config.json", "{\"chat_template\": ")),
+                    Contains("tokenizer_config.json") && Contains("not valid JSON"));
+
+  const std::string d = dir_with("render", "chat_template.jinja", with_block);
+  const std::string text = io::render_chat({{"user", "Hi"}}, io::chat_options_for(d));
+  CHECK(text == "<bos><|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>");
 }

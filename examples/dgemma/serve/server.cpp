@@ -176,9 +176,11 @@ const char* protocol_error_code(int status) {
 class Server {
  public:
   Server(std::shared_ptr<const dg::cpu::Model> model, std::unique_ptr<dg::io::Tokenizer> tok,
-         dg::cpu::EngineOptions engine_options, Batcher::Limits limits, ServeConfig config, std::string model_id)
+         dg::io::ChatOptions chat_options, dg::cpu::EngineOptions engine_options, Batcher::Limits limits,
+         ServeConfig config, std::string model_id)
       : model_(std::move(model)),
         tok_(std::move(tok)),
+        chat_options_(chat_options),
         engine_(model_, engine_options),
         batcher_(engine_, limits),
         limits_(limits),
@@ -580,7 +582,7 @@ class Server {
   std::vector<int> chat_ids(const std::vector<serve::Message>& messages) const {
     std::vector<dg::io::ChatMessage> msgs;
     for (const auto& m : messages) msgs.push_back({m.role, m.content});
-    return dg::io::encode_chat(*tok_, msgs, dg::io::ChatOptions{});
+    return dg::io::encode_chat(*tok_, msgs, chat_options_);
   }
 
   // The token ids of the request's sequence `choice` (chat: the conversation; completions: prompt
@@ -1148,6 +1150,7 @@ class Server {
 
   std::shared_ptr<const dg::cpu::Model> model_;
   std::unique_ptr<dg::io::Tokenizer> tok_;
+  dg::io::ChatOptions chat_options_;  // from the checkpoint's chat template (io::chat_options_for)
   Engine engine_;
   Batcher batcher_;
   Batcher::Limits limits_;
@@ -1267,7 +1270,9 @@ int cmd_serve(const std::vector<std::string>& args) {
     const auto slash = d.rfind('/');
     name = slash == std::string::npos ? d : d.substr(slash + 1);
   }
-  auto s = std::make_unique<Server>(model, std::move(tok), engine_options, limits, config, name);
+  // The generation prompt ends as the checkpoint's own chat template ends it.
+  const dg::io::ChatOptions chat_options = dg::io::chat_options_for(dir);
+  auto s = std::make_unique<Server>(model, std::move(tok), chat_options, engine_options, limits, config, name);
   server = s.get();
   const bool listened = s->run();
   join_signal_thread();

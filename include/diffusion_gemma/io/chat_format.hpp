@@ -10,7 +10,8 @@
 // messages continue one model turn (the template writes no second header); enable_thinking puts <|think|> at the
 // top of the system turn, creating one when the conversation has no system message. Some copies of the template
 // append an empty thought channel `<|channel>thought\n<channel|>` to the generation prompt when thinking is off;
-// set ChatOptions::empty_thought_channel to match such a checkpoint. tests/io/chat_format_test.cpp compares the
+// chat_options_for() reads the checkpoint's own template and sets ChatOptions::empty_thought_channel to match it
+// (dgemma generate --chat, batch --chat and serve use it). tests/io/chat_format_test.cpp compares the
 // output with a Jinja rendering (tools/reference/make_tokenizer_fixtures.py).
 //
 // As text, the rendering begins with "<bos>"; encode_chat() therefore encodes it without the tokenizer's own
@@ -22,11 +23,14 @@
 // chat_stop_ids() returns them after checking that the tokenizer knows each one.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <diffusion_gemma/core/status.hpp>
+#include <diffusion_gemma/io/json_file.hpp>
 #include <diffusion_gemma/io/tokenizer.hpp>
 #include <diffusion_gemma/io/tokenizer_text.hpp>
 #include <diffusion_gemma/model/config.hpp>
@@ -97,6 +101,43 @@ inline std::string render_chat(const std::vector<ChatMessage>& messages, const C
     if (options.empty_thought_channel && !options.enable_thinking) out += "<|channel>thought\n<channel|>";
   }
   return out;
+}
+
+// The chat template a checkpoint ships: `chat_template.jinja`, else tokenizer_config.json's
+// `chat_template` (a string, or a list of named templates, of which "default" is the chat one).
+// Empty when the checkpoint has neither. A file that exists but cannot be read is an error naming it.
+inline std::string checkpoint_chat_template(const std::string& dir) {
+  struct stat st {};
+  const std::string jinja = dir + "/chat_template.jinja";
+  if (::stat(jinja.c_str(), &st) == 0) return read_text_file(jinja);
+  const std::string config = dir + "/tokenizer_config.json";
+  if (::stat(config.c_str(), &st) != 0) return {};
+  const Json root = read_json_file(config);
+  if (!root.is_object() || !root.contains("chat_template")) return {};
+  const Json& t = root["chat_template"];
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_array()) {
+    for (const Json& named : t) {
+      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+          named["template"].is_string()) {
+        return named["template"].get<std::string>();
+      }
+    }
+  }
+  return {};
+}
+
+// The options that make render_chat() end the generation prompt as the checkpoint's own template
+// does: the 26B/31B copies of the Gemma 4 template write an empty thought channel after
+// `<|turn>model\n` when thinking is off, the smaller models' copies do not. Either spelling of its
+// newline counts: the Jinja source's escape (backslash, n) or a real newline. Without a template
+// the defaults stand.
+inline ChatOptions chat_options_for(const std::string& dir) {
+  ChatOptions o;
+  const std::string t = checkpoint_chat_template(dir);
+  o.empty_thought_channel = t.find("<|channel>thought\\n<channel|>") != std::string::npos ||
+                            t.find("<|channel>thought\n<channel|>") != std::string::npos;
+  return o;
 }
 
 inline std::vector<int> encode_chat(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
