@@ -60,7 +60,7 @@ void utility_endpoints(const std::string& body, const dgemma::serve::ApiLimits& 
     try {
       if (t.chat) {
         std::vector<diffusion_gemma::io::ChatMessage> messages;
-        for (const auto& m : t.messages) messages.push_back({m.role, m.content});
+        for (const auto& m : t.messages) messages.push_back({m.role, m.content, m.text_parts});
         (void)diffusion_gemma::io::encode_chat(tokenizer(), messages);
       } else {
         (void)tokenizer().encode(t.text, t.add_special);
@@ -115,7 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     if (chat) {
       std::vector<diffusion_gemma::io::ChatMessage> messages;
-      for (const auto& m : r.messages) messages.push_back({m.role, m.content});
+      for (const auto& m : r.messages) messages.push_back({m.role, m.content, m.text_parts});
       (void)diffusion_gemma::io::encode_chat(tokenizer(), messages);
     } else {
       for (const auto& p : r.prompts) {

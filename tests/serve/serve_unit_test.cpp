@@ -158,6 +158,12 @@ TEST_CASE("serve: request checks name the field at fault", "[serve]") {
   std::string p;
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}]})") == 200);
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]})") == 200);
+  // Text parts stay apart: the chat template trims each one and joins them with nothing.
+  const GenerationRequest parts = parse_chat_request(
+      R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"Hello "},{"type":"text","text":" you"}]}]})",
+      limits());
+  REQUIRE(parts.messages.size() == 1);
+  CHECK(parts.messages[0].text_parts == std::vector<std::string>{"Hello ", " you"});
   CHECK(status_of(R"({"model":"m","messages":[]})", &p) == 400);
   CHECK(p == "messages");
   // A user or system turn needs its content; only an assistant turn may come without.

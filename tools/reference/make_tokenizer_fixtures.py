@@ -354,7 +354,13 @@ CHAT_TEMPLATE = r"""
     {{- '<|think|>\n' -}}
   {%- endif -%}
   {%- if first_is_system -%}
-    {{- messages[0]['content'] | trim -}}
+    {%- if messages[0]['content'] is string -%}
+      {{- messages[0]['content'] | trim -}}
+    {%- else -%}
+      {%- for item in messages[0]['content'] -%}
+        {{- item['text'] | trim + ' ' -}}
+      {%- endfor -%}
+    {%- endif -%}
     {%- set loop_messages = messages[1:] -%}
   {%- endif -%}
   {{- '<turn|>\n' -}}
@@ -365,10 +371,20 @@ CHAT_TEMPLATE = r"""
   {%- if not (role == 'model' and prev_role == 'assistant') -%}
     {{- '<|turn>' + role + '\n' -}}
   {%- endif -%}
-  {%- if role == 'model' -%}
-    {{- strip_thinking(message['content']) -}}
+  {%- if message['content'] is string -%}
+    {%- if role == 'model' -%}
+      {{- strip_thinking(message['content']) -}}
+    {%- else -%}
+      {{- message['content'] | trim -}}
+    {%- endif -%}
   {%- else -%}
-    {{- message['content'] | trim -}}
+    {%- for item in message['content'] -%}
+      {%- if role == 'model' -%}
+        {{- strip_thinking(item['text']) -}}
+      {%- else -%}
+        {{- item['text'] | trim -}}
+      {%- endif -%}
+    {%- endfor -%}
   {%- endif -%}
   {{- '<turn|>\n' -}}
 {%- endfor -%}
@@ -408,6 +424,18 @@ CONVERSATIONS = [
     dict(name="special strings in content", messages=[{"role": "user", "content": "say <eos> and <|turn>"}]),
     dict(name="system in the middle", messages=[
         {"role": "user", "content": "a"}, {"role": "system", "content": " b "}, {"role": "user", "content": "c"}]),
+    dict(name="content as text parts", messages=[
+        {"role": "system", "content": [{"type": "text", "text": " Be "}, {"type": "text", "text": "brief.\n"}]},
+        {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": " world"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "<|channel>t<channel|> Hi "},
+                                          {"type": "text", "text": "there"}]},
+        {"role": "user", "content": []}]),
+    dict(name="roles given as model", messages=[
+        {"role": "user", "content": "q"},
+        {"role": "model", "content": "one"},
+        {"role": "model", "content": "two"},
+        {"role": "assistant", "content": "three"},
+        {"role": "model", "content": "four"}]),
 ]
 CHAT_OPTIONS = [
     dict(add_generation_prompt=True, enable_thinking=False, empty_thought_channel=False),

@@ -72,6 +72,7 @@ struct ApiLimits {
 struct Message {
   std::string role;
   std::string content;
+  std::vector<std::string> text_parts;  // content given as text parts: the chat template renders each on its own
 };
 
 // The "dgemma" extension object: sampler fields beyond OpenAI's. Empty optionals keep the
@@ -166,10 +167,13 @@ inline std::string get_string(const json& v, const std::string& param) {
 // Message content: a string, or OpenAI's array of parts of which only {"type": "text"} is served.
 // A part's other keys (a client's cache_control, say) are ignored and named in `ignored`, or
 // refused under --strict, as a message's unknown keys are.
-inline std::string get_content(const json& v, const std::string& param, bool strict, std::vector<std::string>& ignored) {
-  if (v.is_string()) return v.get<std::string>();
+inline void get_content(const json& v, const std::string& param, bool strict, std::vector<std::string>& ignored,
+                        Message& msg) {
+  if (v.is_string()) {
+    msg.content = v.get<std::string>();
+    return;
+  }
   if (!v.is_array()) bad_type(param, "a string or an array of text parts", v);
-  std::string text;
   for (std::size_t i = 0; i < v.size(); ++i) {
     const std::string p = param + "[" + std::to_string(i) + "]";
     const json& part = v[i];
@@ -178,7 +182,7 @@ inline std::string get_content(const json& v, const std::string& param, bool str
       throw ApiError(400, "'" + p + ".type' must be \"text\": this model reads text only", p + ".type", "invalid_value");
     }
     if (!part.contains("text")) throw ApiError(400, "'" + p + ".text' is missing", p + ".text", "missing_parameter");
-    text += get_string(part["text"], p + ".text");
+    msg.text_parts.push_back(get_string(part["text"], p + ".text"));
     for (auto it = part.begin(); it != part.end(); ++it) {
       if (it.key() == "type" || it.key() == "text") continue;
       const std::string q = p + "." + it.key();
@@ -186,7 +190,6 @@ inline std::string get_content(const json& v, const std::string& param, bool str
       ignored.push_back(q);
     }
   }
-  return text;
 }
 
 // A field this server has no counterpart for, at a value that would matter: ignored and named in
@@ -477,7 +480,7 @@ inline std::vector<Message> parse_messages(const json& m, const ApiLimits& limit
       if (k == "role") {
         continue;
       } else if (k == "content") {
-        if (!v.is_null()) msg.content = get_content(v, q, limits.strict, ignored);
+        if (!v.is_null()) get_content(v, q, limits.strict, ignored, msg);
       } else if (k == "name" || k == "refusal" || k == "reasoning_content" || k == "reasoning") {
         // accepted, not rendered: an assistant message handed back as the SDK returned it carries these
         if (!v.is_null()) (void)get_string(v, q);

@@ -581,7 +581,7 @@ class Server {
   // A conversation as /v1/chat/completions renders it.
   std::vector<int> chat_ids(const std::vector<serve::Message>& messages) const {
     std::vector<dg::io::ChatMessage> msgs;
-    for (const auto& m : messages) msgs.push_back({m.role, m.content});
+    for (const auto& m : messages) msgs.push_back({m.role, m.content, m.text_parts});
     return dg::io::encode_chat(*tok_, msgs, chat_options_);
   }
 

@@ -6,13 +6,17 @@
 //
 // render_chat() reproduces what the checkpoint's Jinja chat template renders for conversations without tools or
 // media: contents are trimmed with Python's str.strip(); past model turns lose their thinking
-// (`<|channel>...<channel|>`) before trimming; "assistant" becomes the role "model"; consecutive assistant
-// messages continue one model turn (the template writes no second header); enable_thinking puts <|think|> at the
-// top of the system turn, creating one when the conversation has no system message. Some copies of the template
-// append an empty thought channel `<|channel>thought\n<channel|>` to the generation prompt when thinking is off;
-// chat_options_for() reads the checkpoint's own template and sets ChatOptions::empty_thought_channel to match it
-// (dgemma generate --chat, batch --chat and serve use it). tests/io/chat_format_test.cpp compares the
-// output with a Jinja rendering (tools/reference/make_tokenizer_fixtures.py).
+// (`<|channel>...<channel|>`) before trimming; "assistant" becomes the role "model"; a model message that follows
+// an "assistant" message continues its model turn (the template writes no second header; it compares the role as
+// given, so after a message given as "model" a new header is written); content given as a list of text parts is
+// rendered part by part, as the template does (each part trimmed, or stripped of thinking in a model turn, and
+// joined with nothing; a first system message's parts each trimmed and followed by a space); enable_thinking puts
+// <|think|> at the top of the system turn, creating one when the conversation has no system message. Some copies
+// of the template append an empty thought channel `<|channel>thought\n<channel|>` to the generation prompt when
+// thinking is off; chat_options_for() reads the checkpoint's own template and sets
+// ChatOptions::empty_thought_channel to match it (dgemma generate --chat, batch --chat and serve use it).
+// tests/io/chat_format_test.cpp compares the output with a Jinja rendering
+// (tools/reference/make_tokenizer_fixtures.py).
 //
 // As text, the rendering begins with "<bos>"; encode_chat() therefore encodes it without the tokenizer's own
 // post-processor, so the ids start with exactly one <bos> (id 2) whether or not tokenizer.json adds one. Content
@@ -27,6 +31,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <diffusion_gemma/core/status.hpp>
@@ -38,8 +43,16 @@
 namespace diffusion_gemma::io {
 
 struct ChatMessage {
+  ChatMessage() = default;
+  ChatMessage(std::string role_, std::string content_) : role(std::move(role_)), content(std::move(content_)) {}
+  ChatMessage(std::string role_, std::string content_, std::vector<std::string> text_parts_)
+      : role(std::move(role_)), content(std::move(content_)), text_parts(std::move(text_parts_)) {}
+
   std::string role;  // "system" / "developer" (as the first message), "user", "assistant" or "model"
   std::string content;
+  // OpenAI's content as a list of text parts; when not empty it replaces `content`. Kept apart because the
+  // template renders each part on its own: joining them first would trim and tokenize differently.
+  std::vector<std::string> text_parts;
 };
 
 struct ChatOptions {
@@ -66,6 +79,25 @@ inline std::string strip_thinking(std::string_view text) {
   return std::string(tokenizer_detail::python_strip(out));
 }
 
+namespace chat_detail {
+
+// The template's rendering of one message's content: `trim` for a system or user turn, `strip_thinking` for a
+// model turn; a list of parts is rendered part by part, a first system message's parts followed by a space.
+inline std::string render_content(const ChatMessage& m, bool model_turn, bool first_system) {
+  const auto one = [&](std::string_view text) {
+    return model_turn ? strip_thinking(text) : std::string(tokenizer_detail::python_strip(text));
+  };
+  if (m.text_parts.empty()) return one(m.content);
+  std::string out;
+  for (const std::string& part : m.text_parts) {
+    out += one(part);
+    if (first_system) out += ' ';
+  }
+  return out;
+}
+
+}  // namespace chat_detail
+
 inline std::string render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& options = {}) {
   if (messages.empty()) throw_error(StatusCode::kInvalidArgument, "chat: the conversation has no messages");
   const auto is_model = [](const std::string& role) { return role == "assistant" || role == "model"; };
@@ -76,7 +108,7 @@ inline std::string render_chat(const std::vector<ChatMessage>& messages, const C
     out += "<|turn>system\n";
     if (options.enable_thinking) out += "<|think|>\n";
     if (first_is_system) {
-      out += tokenizer_detail::python_strip(messages[0].content);
+      out += chat_detail::render_content(messages[0], /*model_turn=*/false, /*first_system=*/true);
       first = 1;
     }
     out += "<turn|>\n";
@@ -87,13 +119,10 @@ inline std::string render_chat(const std::vector<ChatMessage>& messages, const C
       throw_error(StatusCode::kInvalidArgument, "chat: message ", i, " has role '", m.role,
                   "' (expected user, assistant or model; system or developer only first)");
     }
-    if (is_model(m.role)) {
-      if (i == first || !is_model(messages[i - 1].role)) out += "<|turn>model\n";
-      out += strip_thinking(m.content);
-    } else {
-      out += "<|turn>" + m.role + "\n";
-      out += tokenizer_detail::python_strip(m.content);
-    }
+    const bool model_turn = is_model(m.role);
+    const bool continues_turn = model_turn && i > first && messages[i - 1].role == "assistant";
+    if (!continues_turn) out += model_turn ? std::string("<|turn>model\n") : "<|turn>" + m.role + "\n";
+    out += chat_detail::render_content(m, model_turn, /*first_system=*/false);
     out += "<turn|>\n";
   }
   if (options.add_generation_prompt) {
