@@ -9,12 +9,15 @@
 // tensors are refused before anything computes, naming the tensor.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <diffusion_gemma/cpu/kernels/dequantize.hpp>
 #include <diffusion_gemma/io/load.hpp>
@@ -34,7 +37,7 @@ namespace {
 
 // llmc_*: written by llm-compressor 0.14.0.1 itself (model_free_ptq), tools/reference/make_llmcompressor_fixture.py.
 const char* const kVariants[] = {"fp8_channel",   "fp8_tensor",    "int8_channel", "w4a16_g32",
-                                 "w4a16_asym_g64", "w8a16_channel", "gptq_sym",     "gptq_asym_descact",
+                                 "w4a16_asym_g64", "w8a16_channel", "gptq_sym",     "gptq_asym_descact", "gptq_dynamic",
                                  "llmc_w4a16",     "llmc_fp8_dynamic"};
 
 std::string quant_fixture(const std::string& name) { return dg_test::fixture("quant/" + name); }
@@ -478,4 +481,107 @@ TEST_CASE("bad quantized tensors are refused before any compute, naming the tens
     EditedFixture f("w4a16_asym_g64", {{q + ".weight_g_idx", std::vector<std::int32_t>(64, 0)}}, {});
     CHECK_THAT(load_error(f.dir), Contains(q + ".weight_g_idx") && Contains("activation-order"));
   }
+}
+
+namespace {
+
+// gptq_dynamic with its quantization config rewritten (the tensors linked, not copied): in
+// config.json's quantization_config, or (in_config_json false) only in quantize_config.json.
+std::string gptq_dynamic_with(const std::string& name, const std::string& quantization_config, bool in_config_json) {
+  const std::string src = quant_fixture("gptq_dynamic");
+  const std::string dir = dg_test::temp_dir(name);
+  io::Json config = io::read_json_file(src + "/config.json");
+  config.erase("quantization_config");
+  std::string text = config.dump();
+  if (in_config_json) text = text.substr(0, text.size() - 1) + ", \"quantization_config\": " + quantization_config + "}";
+  std::ofstream(dir + "/config.json") << text;
+  std::ofstream(dir + "/generation_config.json") << io::read_text_file(src + "/generation_config.json");
+  std::remove((dir + "/quantize_config.json").c_str());
+  if (!in_config_json) std::ofstream(dir + "/quantize_config.json") << quantization_config;
+  std::remove((dir + "/model.safetensors").c_str());
+  REQUIRE(::symlink((src + "/model.safetensors").c_str(), (dir + "/model.safetensors").c_str()) == 0);
+  return dir;
+}
+
+}  // namespace
+
+// GPTQModel's `dynamic` (tools/reference/make_quant_fixtures.py, gptq_dynamic): per-module bits,
+// group sizes, act-order and symmetry, and modules left unquantized; the first rule in the file's
+// order that matches the module's name from its start decides, as in GPTQModel and vLLM.
+TEST_CASE("GPTQ dynamic overrides decide each module, the first matching rule in the file's order",
+          "[io][quant]") {
+  const io::LoadedCheckpoint c = io::load_checkpoint(quant_fixture("gptq_dynamic"));
+  const LayerWeights& L0 = c.weights.layers[0];
+  const LayerWeights& L1 = c.weights.layers[1];
+  CHECK_THAT(c.quantization.describe(), Contains("4 dynamic overrides"));
+  // "-:.*layers\.1\.self_attn\.[qk]_proj$": stored and used in BF16; o_proj is not matched.
+  CHECK(L1.q_proj.is_dense());
+  CHECK(L1.k_proj.is_dense());
+  REQUIRE(L1.o_proj.is_quantized());
+  CHECK(L1.o_proj.quant->bits == 4);
+  CHECK(L1.o_proj.quant->group_size == 32);
+  // "+:.*layers\.0\.mlp\.": 8 bits, groups of 64.
+  REQUIRE(L0.mlp_down.is_quantized());
+  CHECK(L0.mlp_down.quant->bits == 8);
+  CHECK(L0.mlp_down.quant->group_size == 64);
+  // Experts 1 and 3 of both layers take the first rule (groups of 16, act-order) though layer 1's
+  // also match the last one (asymmetric); layer 1's other experts take the last.
+  for (const LayerWeights* L : {&L0, &L1}) {
+    const Weight e1 = L->experts_down.group(1);
+    REQUIRE(e1.is_quantized());
+    CHECK(e1.quant->group_size == 16);
+    CHECK_THAT(e1.quant->scheme, Contains("act-order") && Contains(" symmetric"));
+  }
+  const Weight l1e0 = L1.experts_down.group(0);
+  REQUIRE(l1e0.is_quantized());
+  CHECK(l1e0.quant->group_size == 32);
+  CHECK_THAT(l1e0.quant->scheme, Contains("asymmetric"));
+  const io::SafetensorsFile want(quant_fixture("gptq_dynamic") + "/dequantized.safetensors");
+  CHECK(dense_values(L0.experts_down.group(1)) == dg_test::floats(want, "model.decoder.layers.0.experts.1.down_proj.weight"));
+
+  // The order is the file's, not the sorted one a parsed JSON object keeps: with the last rule
+  // written first, it decides layer 1's expert 1.
+  const std::string reordered = gptq_dynamic_with("gptq_dynamic_reordered", R"({
+    "bits": 4, "group_size": 32, "desc_act": false, "sym": true, "checkpoint_format": "gptq", "quant_method": "gptq",
+    "dynamic": {".*layers\\.1\\.experts\\.": {"sym": false}, "+:.*experts\\.[13]\\.": {"group_size": 16, "desc_act": true}}})",
+                                                   /*in_config_json=*/true);
+  const io::QuantizationConfig r = io::load_quantization_config(reordered);
+  CHECK(r.gptq_scheme_of("model.decoder.layers.1.experts.1.down_proj").rule == ".*layers\\.1\\.experts\\.");
+  CHECK(r.gptq_scheme_of("model.decoder.layers.0.experts.1.down_proj").rule == "+:.*experts\\.[13]\\.");
+  CHECK(r.gptq_scheme_of("model.decoder.layers.0.mlp.up_proj").rule.empty());
+  // ...and then the stored group size of that expert no longer agrees: refused, naming the tensor.
+  CHECK_THROWS_WITH(io::load_checkpoint(reordered), Contains("layers.1.experts.1.") && Contains("scales"));
+
+  // A module a "-:" rule excludes but the checkpoint stores packed is refused.
+  const std::string excluded = gptq_dynamic_with("gptq_dynamic_excluded", R"({
+    "bits": 4, "group_size": 32, "desc_act": false, "sym": true, "quant_method": "gptq",
+    "dynamic": {"-:.*layers\\.1\\.self_attn\\.": {}, "+:.*experts\\.[13]\\.": {"group_size": 16, "desc_act": true},
+                "+:.*layers\\.0\\.mlp\\.": {"bits": 8, "group_size": 64}, ".*layers\\.1\\.experts\\.": {"sym": false}}})",
+                                                  /*in_config_json=*/false);
+  CHECK_THROWS_WITH(io::load_checkpoint(excluded),
+                    Contains("layers.1.self_attn.o_proj.qweight") && Contains("dynamic excludes"));
+}
+
+TEST_CASE("GPTQ dynamic overrides are checked before anything loads", "[io][quant]") {
+  const auto error_of = [](const std::string& dynamic) {
+    try {
+      io::parse_quantization_config(
+          io::parse_json_text(R"({"quantization_config": {"quant_method": "gptq", "bits": 4, "dynamic": )" + dynamic + "}}",
+                              "t"),
+          "config.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(error_of(R"({"-:.*router.*": {}, "+:.*mlp.*": {"bits": 8, "damp_percent": 0.1}})").empty());
+  CHECK(error_of("null").empty());
+  CHECK_THAT(error_of("[]"), Contains("dynamic"));
+  CHECK_THAT(error_of(R"({"+:.*mlp.*": 8})"), Contains("dynamic.+:.*mlp.*") && Contains("object of overrides"));
+  CHECK_THAT(error_of(R"({"+:.*mlp.*": {"bits": 3}})"), Contains("bits") && Contains("3 bits"));
+  CHECK_THAT(error_of(R"({"+:.*mlp.*": {"group_size": 0}})"), Contains("group_size"));
+  CHECK_THAT(error_of(R"({"+:.*mlp.*": {"desc_act": "yes"}})"), Contains("desc_act"));
+  CHECK_THAT(error_of(R"({"+:.*mlp.*": {"adapter": {"name": "lora", "rank": 8}}})"), Contains("adapter"));
+  CHECK_THAT(error_of(R"({"+:(unclosed": {}})"), Contains("(unclosed") && Contains("regular expression"));
+  CHECK_THAT(error_of(R"({"+:a{1000}": {}})"), Contains("{n} repetition"));
 }

@@ -116,7 +116,7 @@ TEST_CASE("DiffusionGemma backbone matches transformers: encoder, denoiser, SC, 
 TEST_CASE("quantized checkpoints match transformers on the dequantised weights (FP8, INT8, INT4, GPTQ)",
           "[model][cpu][golden][quant]") {
   for (const char* v : {"fp8_channel", "fp8_tensor", "int8_channel", "w4a16_g32", "w4a16_asym_g64", "w8a16_channel",
-                        "gptq_sym", "gptq_asym_descact", "llmc_w4a16", "llmc_fp8_dynamic"}) {
+                        "gptq_sym", "gptq_asym_descact", "gptq_dynamic", "llmc_w4a16", "llmc_fp8_dynamic"}) {
     check_dg_fixture(std::string("quant/") + v, exact(), 1e-3);
   }
 }

@@ -40,6 +40,9 @@ Which tool wrote what
   converted to the v1 checkpoint format by `convert_gptq_v2_to_v1_format_module`. Dequantization:
   GPTQModel's `convert_gptq_v1_to_v2_format_module` + `TorchLinear.dequantize_weight`, cross-checked
   against `gptq_v1_dequant_numpy` (the documented formula) bit for bit.
+  gptq_dynamic: the same, with GPTQModel's per-module `dynamic` overrides (8 bits, other group sizes,
+  act-order, asymmetric, and modules excluded); each module's bits/group_size/sym/desc_act come from
+  GPTQModel's own `QuantizeConfig.dynamic_get`, when quantizing and when dequantizing.
 
 Checkpoints written by llm-compressor itself (llmc_w4a16, llmc_fp8_dynamic): make_llmcompressor_fixture.py
 runs llmcompressor 0.14.0.1's `model_free_ptq` on base/ in its own venv; then `--golden-for DIR` here
@@ -128,6 +131,15 @@ def ct_schemes():
 GPTQ_VARIANTS = {
     "gptq_sym": dict(bits=4, group_size=32, sym=True, desc_act=False),
     "gptq_asym_descact": dict(bits=4, group_size=32, sym=False, desc_act=True),
+    # GPTQModel's per-module overrides, tried in the order written; the first match decides.
+    # layers.1.experts.1 matches the first rule and the last: the first one wins. The keys are
+    # written in sorted order so that quantize_config.json (dumped with sort_keys) keeps it.
+    "gptq_dynamic": dict(bits=4, group_size=32, sym=True, desc_act=False, dynamic={
+        r"+:.*experts\.[13]\.": {"group_size": 16, "desc_act": True},
+        r"+:.*layers\.0\.mlp\.": {"bits": 8, "group_size": 64},
+        r"-:.*layers\.1\.self_attn\.[qk]_proj$": {},
+        r".*layers\.1\.experts\.": {"sym": False, "damp_percent": 0.05},
+    }),
 }
 
 
@@ -304,7 +316,16 @@ def ct_dequantize(ckpt_dir, tensors):
 def _gptq_qcfg(v):
     from gptqmodel import QuantizeConfig
     return QuantizeConfig(bits=v["bits"], group_size=v["group_size"], desc_act=v["desc_act"], sym=v["sym"],
-                          act_group_aware=False)
+                          act_group_aware=False, dynamic=v.get("dynamic"))
+
+
+def gptq_module_args(qcfg, module):
+    """bits/group_size/sym/desc_act of one module after GPTQModel's own `dynamic_get`; None when a
+    "-:" rule excludes it."""
+    if qcfg.dynamic_get(layer_name=module) is False:
+        return None
+    return {k: qcfg.dynamic_get(layer_name=module, key=k, default=getattr(qcfg, k))
+            for k in ("bits", "group_size", "sym", "desc_act")}
 
 
 def gptq_quantize_matrix(w, v, gen, qcfg):
@@ -401,8 +422,9 @@ def gptq_quantize(tensors, v):
     for name in sorted(tensors):
         t = tensors[name]
         mod = name[: -len(".weight")] if name.endswith(".weight") else None
-        if mod is not None and GPTQ_TARGET.match(mod):
-            for k, val in gptq_quantize_matrix(t, v, gen, qcfg).items():
+        args = gptq_module_args(qcfg, mod) if mod is not None and GPTQ_TARGET.match(mod) else None
+        if args is not None:
+            for k, val in gptq_quantize_matrix(t, args, gen, _gptq_qcfg(args)).items():
                 out[f"{mod}.{k}"] = val
         else:
             out[name] = t
@@ -410,12 +432,18 @@ def gptq_quantize(tensors, v):
 
 
 def gptq_dequantize(tensors, qc):
+    from gptqmodel import QuantizeConfig
+    qcfg = QuantizeConfig(bits=qc["bits"], group_size=qc["group_size"], desc_act=qc["desc_act"], sym=qc["sym"],
+                          dynamic=qc.get("dynamic"))
     out = {}
     mods = sorted(k[: -len(".qweight")] for k in tensors if k.endswith(".qweight"))
     for m in mods:
         p = {k: tensors[f"{m}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")}
-        out[m + ".weight"] = gptq_dequantize_matrix(p, qc["bits"], qc["group_size"], qc["sym"],
-                                                    qc["desc_act"]).to(torch.float32)
+        a = gptq_module_args(qcfg, m)
+        if a is None:
+            raise SystemExit(f"{m} is GPTQ-packed but excluded by quantize_config.json's dynamic")
+        out[m + ".weight"] = gptq_dequantize_matrix(p, a["bits"], a["group_size"], a["sym"],
+                                                    a["desc_act"]).to(torch.float32)
     for k, t in tensors.items():
         if k.rpartition(".")[0] not in mods:
             out[k] = t

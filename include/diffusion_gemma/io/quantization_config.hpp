@@ -12,8 +12,10 @@
 
 #include <cctype>
 #include <cstdint>
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -94,6 +96,37 @@ struct QuantGroup {
   QuantWeights weights;
 };
 
+// What one GPTQ module is stored as: the config's bits, group_size, desc_act and sym, after the
+// module's `dynamic` override if one matched.
+struct GptqScheme {
+  bool excluded = false;  // a "-:" entry of `dynamic` matched: the module is not quantized
+  std::string rule;       // the `dynamic` key that decided, empty when none matched
+  int bits = 4;
+  std::int64_t group_size = 128;
+  bool desc_act = false;
+  bool sym = true;
+  bool v1 = true;  // checkpoint_format "gptq": zero points stored minus one
+
+  std::string describe() const {
+    return "gptq int" + std::to_string(bits) + (group_size > 0 ? " group " + std::to_string(group_size) : " per channel") +
+           (sym ? " symmetric" : " asymmetric") + (desc_act ? ", act-order (g_idx)" : "") + (v1 ? "" : ", v2 zeros") +
+           (rule.empty() ? "" : " (dynamic '" + rule + "')");
+  }
+};
+
+// One entry of GPTQModel's `dynamic` object: "-:PATTERN" excludes the modules it matches,
+// "+:PATTERN" or a bare PATTERN overrides some of bits, group_size, desc_act and sym for them.
+// As in GPTQModel and vLLM, entries are tried in the order written and the first whose regular
+// expression matches the module's name from its start decides.
+struct GptqDynamicRule {
+  std::string key;  // as written in the config, for messages
+  bool exclude = false;
+  ModulePattern pattern;
+  std::optional<int> bits;
+  std::optional<std::int64_t> group_size;
+  std::optional<bool> desc_act, sym;
+};
+
 struct QuantizationConfig {
   QuantMethod method = QuantMethod::kNone;
   std::string source;  // file it came from, for messages
@@ -106,13 +139,21 @@ struct QuantizationConfig {
   bool desc_act = false;
   bool sym = true;
   bool v1 = true;  // checkpoint_format "gptq": zero points stored minus one
+  std::vector<GptqDynamicRule> dynamic;
 
   bool quantized() const { return method != QuantMethod::kNone; }
   std::string describe() const {
     if (method == QuantMethod::kNone) return "none";
     if (method == QuantMethod::kGptq) {
-      return "gptq int" + std::to_string(bits) + (group_size > 0 ? " group " + std::to_string(group_size) : " per channel") +
-             (sym ? " symmetric" : " asymmetric") + (desc_act ? ", act-order (g_idx)" : "") + (v1 ? "" : ", v2 zeros");
+      GptqScheme base;
+      base.bits = bits;
+      base.group_size = group_size;
+      base.desc_act = desc_act;
+      base.sym = sym;
+      base.v1 = v1;
+      std::string s = base.describe();
+      if (!dynamic.empty()) s += ", " + std::to_string(dynamic.size()) + " dynamic override" + (dynamic.size() > 1 ? "s" : "");
+      return s;
     }
     std::string s = "compressed-tensors";
     const char* sep = ": ";
@@ -137,6 +178,27 @@ struct QuantizationConfig {
       }
     }
     return -1;
+  }
+
+  // How GPTQ module `name` is stored: the first `dynamic` rule that matches it, else the config.
+  GptqScheme gptq_scheme_of(const std::string& name) const {
+    GptqScheme s;
+    s.bits = bits;
+    s.group_size = group_size;
+    s.desc_act = desc_act;
+    s.sym = sym;
+    s.v1 = v1;
+    for (const GptqDynamicRule& rule : dynamic) {
+      if (!rule.pattern.matches(name, "")) continue;
+      s.rule = rule.key;
+      s.excluded = rule.exclude;
+      if (rule.bits) s.bits = *rule.bits;
+      if (rule.group_size) s.group_size = *rule.group_size;
+      if (rule.desc_act) s.desc_act = *rule.desc_act;
+      if (rule.sym) s.sym = *rule.sym;
+      break;
+    }
+    return s;
   }
 };
 
@@ -282,17 +344,76 @@ inline QuantizationConfig parse_compressed_tensors(const JsonObject& qc) {
   return c;
 }
 
-inline QuantizationConfig parse_gptq(const JsonObject& qc) {
+inline int gptq_bits(const JsonObject& o) {
+  const int bits = o.int32("bits");
+  if (bits != 4 && bits != 8) refuse(o, "bits", "GPTQ with ", bits, " bits is not supported (4 and 8)");
+  return bits;
+}
+
+inline std::int64_t gptq_group_size(const JsonObject& o, std::int64_t fallback) {
+  const std::int64_t g = o.integer_or("group_size", fallback);
+  if (g == 0 || g < -1) o.fail("group_size", "must be -1 or positive (got ", g, ")");
+  if (g > kMaxGroupSize) o.fail("group_size", "is larger than any row can be (got ", g, ")");
+  return g;
+}
+
+// GPTQModel's `dynamic`: {"-:PATTERN": {}, "+:PATTERN": {"bits": 8, "group_size": 64}, ...}.
+// The keys that decide how a module is stored are read; one that would add to the computation
+// (a LoRA adapter) or change the packing is refused; the rest (damp_percent, mse, ...) only
+// steered the quantization itself and are ignored.
+// `order` lists the keys as the file writes them (Json sorts an object's keys, and the first
+// matching rule wins); empty, the sorted order stands.
+inline std::vector<GptqDynamicRule> parse_gptq_dynamic(const JsonObject& qc, const std::vector<std::string>& order) {
+  std::vector<GptqDynamicRule> rules;
+  if (!qc.has_non_null("dynamic")) return rules;
+  const JsonObject d = qc.object("dynamic");
+  std::vector<std::string> keys;
+  for (auto it = d.raw_begin(); it != d.raw_end(); ++it) keys.push_back(it.key());
+  if (order.size() == keys.size() && std::is_permutation(order.begin(), order.end(), keys.begin())) keys = order;
+  for (const std::string& key : keys) {
+    const Json& value = d.raw(key);
+    const bool exclude = key.compare(0, 2, "-:") == 0;
+    const std::string body = exclude || key.compare(0, 2, "+:") == 0 ? key.substr(2) : key;
+    if (const char* why = ModulePattern::out_of_bounds(body)) {
+      const std::string shown = key.size() > 80 ? key.substr(0, 80) + "..." : key;
+      d.fail(key, "pattern '", shown, "' ", why, ", which this library does not match (a config.json may come from "
+             "anywhere; these bounds keep matching linear in the pattern)");
+    }
+    std::optional<ModulePattern> pattern;
+    try {
+      pattern.emplace("re:" + body);
+    } catch (const std::regex_error& e) {
+      d.fail(key, "is not a regular expression this library compiles (", e.what(), ")");
+    }
+    if (!value.is_object()) d.fail(key, "expected an object of overrides, got ", JsonObject::type_of(value));
+    const JsonObject o = d.object(key);
+    GptqDynamicRule rule{key, exclude, std::move(*pattern), {}, {}, {}, {}};
+    for (auto kv = o.raw_begin(); kv != o.raw_end(); ++kv) {
+      const std::string& k = kv.key();
+      if (k == "adapter" || k == "pack_dtype" || k == "format" || k == "checkpoint_format" || k == "quant_method") {
+        refuse(o, k, "a per-module '", k, "' in GPTQ's dynamic overrides is not supported");
+      }
+    }
+    if (!exclude) {
+      if (o.has_non_null("bits")) rule.bits = gptq_bits(o);
+      if (o.has_non_null("group_size")) rule.group_size = gptq_group_size(o, 0);
+      if (o.has_non_null("desc_act")) rule.desc_act = o.boolean("desc_act");
+      if (o.has_non_null("sym")) rule.sym = o.boolean("sym");
+    }
+    rules.push_back(std::move(rule));
+  }
+  return rules;
+}
+
+inline QuantizationConfig parse_gptq(const JsonObject& qc, const std::vector<std::string>& dynamic_order) {
   QuantizationConfig c;
   c.method = QuantMethod::kGptq;
   c.source = qc.file();
-  c.bits = qc.int32("bits");
-  if (c.bits != 4 && c.bits != 8) refuse(qc, "bits", "GPTQ with ", c.bits, " bits is not supported (4 and 8)");
-  c.group_size = qc.integer_or("group_size", 128);
-  if (c.group_size == 0 || c.group_size < -1) qc.fail("group_size", "must be -1 or positive (got ", c.group_size, ")");
-  if (c.group_size > kMaxGroupSize) qc.fail("group_size", "is larger than any row can be (got ", c.group_size, ")");
+  c.bits = gptq_bits(qc);
+  c.group_size = gptq_group_size(qc, 128);
   c.desc_act = qc.boolean_or("desc_act", false);
   c.sym = qc.boolean_or("sym", true);
+  c.dynamic = parse_gptq_dynamic(qc, dynamic_order);
   std::string fmt = "gptq";
   for (const char* key : {"checkpoint_format", "format"}) {
     if (qc.has_non_null(key)) fmt = qc.string(key);
@@ -303,17 +424,35 @@ inline QuantizationConfig parse_gptq(const JsonObject& qc) {
   return c;
 }
 
+
+// The keys of `dynamic` inside `quantization_config` (nested) or at the top (quantize_config.json)
+// in the order `text` writes them; empty when there are none or the text does not parse.
+inline std::vector<std::string> dynamic_key_order(const std::string& text, bool nested) {
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::ordered_json* q = &j;
+  if (nested) {
+    if (!j.is_object() || !j.contains("quantization_config")) return {};
+    q = &j["quantization_config"];
+  }
+  if (!q->is_object() || !q->contains("dynamic") || !(*q)["dynamic"].is_object()) return {};
+  std::vector<std::string> keys;
+  for (auto it = (*q)["dynamic"].begin(); it != (*q)["dynamic"].end(); ++it) keys.push_back(it.key());
+  return keys;
+}
+
 }  // namespace detail
 
 // Parses `quantization_config` out of a config.json root (absent: not quantized). `source` names
-// the file in messages.
-inline QuantizationConfig parse_quantization_config(const Json& root_json, const std::string& source) {
+// the file in messages. `dynamic_order`: GPTQ's `dynamic` keys in the file's order (a parsed Json
+// has lost it; load_quantization_config reads it from the text), else their sorted order is used.
+inline QuantizationConfig parse_quantization_config(const Json& root_json, const std::string& source,
+                                                    const std::vector<std::string>& dynamic_order = {}) {
   const JsonObject root(root_json, source, "");
   if (!root.has_non_null("quantization_config")) return {};
   const JsonObject qc = root.object("quantization_config");
   const std::string method = qc.string("quant_method");
   if (method == "compressed-tensors") return detail::parse_compressed_tensors(qc);
-  if (method == "gptq") return detail::parse_gptq(qc);
+  if (method == "gptq") return detail::parse_gptq(qc, dynamic_order);
   detail::refuse(qc, "quant_method", "quantization method '", method,
                  "' is not supported (compressed-tensors, gptq; GGUF files are not read)");
 }
@@ -321,15 +460,17 @@ inline QuantizationConfig parse_quantization_config(const Json& root_json, const
 // From config.json, or else from GPTQModel's quantize_config.json beside it.
 inline QuantizationConfig load_quantization_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  QuantizationConfig c = parse_quantization_config(read_json_file(path), path);
+  const std::string text = read_text_file(path);
+  QuantizationConfig c = parse_quantization_config(parse_json_text(text, path), path, detail::dynamic_key_order(text, true));
   if (c.quantized()) return c;
   const std::string gptq = dir + "/quantize_config.json";
   if (std::FILE* f = std::fopen(gptq.c_str(), "rb")) {
     std::fclose(f);
+    const std::string gptq_text = read_text_file(gptq);
     Json wrapped = Json::object();
-    wrapped["quantization_config"] = read_json_file(gptq);
+    wrapped["quantization_config"] = parse_json_text(gptq_text, gptq);
     if (!wrapped["quantization_config"].contains("quant_method")) wrapped["quantization_config"]["quant_method"] = "gptq";
-    return parse_quantization_config(wrapped, gptq);
+    return parse_quantization_config(wrapped, gptq, detail::dynamic_key_order(gptq_text, false));
   }
   return c;
 }

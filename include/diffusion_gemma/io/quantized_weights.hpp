@@ -234,14 +234,19 @@ class MatrixBinder {
       throw_error(StatusCode::kFormatError, b_.checkpoint().file_of(name), ": tensor '", name,
                   "' is GPTQ-packed, but config.json has no GPTQ quantization_config");
     }
+    const GptqScheme scheme = qc_.gptq_scheme_of(module);
+    if (scheme.excluded) {
+      throw_error(StatusCode::kFormatError, b_.checkpoint().file_of(name), ": tensor '", name,
+                  "' is GPTQ-packed, but quantization_config.dynamic excludes '", module, "' ('", scheme.rule, "')");
+    }
     QuantizedMatrix q;
     q.format = QuantFormat::kGptq;
-    q.bits = qc_.bits;
+    q.bits = scheme.bits;
     q.rows = out;
     q.cols = in;
-    q.group_size = qc_.group_size > 0 ? qc_.group_size : in;
-    q.zero_offset = qc_.v1 ? 1 : 0;
-    q.scheme = qc_.describe();
+    q.group_size = scheme.group_size > 0 ? scheme.group_size : in;
+    q.zero_offset = scheme.v1 ? 1 : 0;
+    q.scheme = scheme.describe();
     const std::int64_t per = 32 / q.bits;
     if (in % per != 0) {
       b_.problem(name + ": " + std::to_string(in) + " input features do not fill whole 32-bit words of " +
@@ -268,7 +273,7 @@ class MatrixBinder {
           }
         }
       }
-    } else if (qc_.desc_act) {
+    } else if (scheme.desc_act) {
       b_.missing(module + ".g_idx [" + std::to_string(in) + "] (desc_act is true)");
     }
     if (q.zero_point.empty()) q.values = {};
