@@ -351,3 +351,96 @@ TEST_CASE("a long segment between added tokens encodes exactly and independently
   }
   CHECK(tok.encode(big, false) == expected);
 }
+
+namespace {
+
+// A small tokenizer whose vocabulary has " " and "x"; tests below change its added tokens and components.
+const char* const kSmallTokenizer = R"({"version": "1.0", "truncation": null, "padding": null,
+  "added_tokens": [{"id": 3, "content": " ", "single_word": false, "lstrip": true, "rstrip": true,
+                    "normalized": false, "special": false}],
+  "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+  "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": false, "ignore_merges": false,
+            "vocab": {"<unk>": 0, "a": 1, "b": 2, " ": 3, "x": 4}, "merges": []}})";
+
+}  // namespace
+
+TEST_CASE("an lstrip match left empty by an earlier rstrip emits nothing", "[io][tokenizer]") {
+  // Expected ids are Hugging Face tokenizers 0.23.3's output on the same tokenizer.json.
+  SECTION("' ' with lstrip and rstrip: a run of spaces is one token") {
+    const Tokenizer tok = Tokenizer::from_json(Json::parse(kSmallTokenizer), "t.json");
+    CHECK(tok.encode("a  b") == std::vector<int>{1, 3, 2});
+    CHECK(tok.encode("a   b") == std::vector<int>{1, 3, 2});
+    CHECK(tok.encode("  ") == std::vector<int>{3});
+    CHECK(tok.encode("a    ") == std::vector<int>{1, 3});
+    CHECK(tok.encode("    b") == std::vector<int>{3, 2});
+    CHECK(tok.encode("a" + std::string(5000, ' ') + "b") == std::vector<int>{1, 3, 2});
+  }
+  SECTION("'x' with rstrip, then ' ' with lstrip inside the spaces it took") {
+    Json j = Json::parse(kSmallTokenizer);
+    j["added_tokens"] = Json::parse(R"([
+      {"id": 4, "content": "x", "single_word": false, "lstrip": false, "rstrip": true, "normalized": false,
+       "special": false},
+      {"id": 3, "content": " ", "single_word": false, "lstrip": true, "rstrip": false, "normalized": false,
+       "special": false}])");
+    const Tokenizer tok = Tokenizer::from_json(j, "t.json");
+    CHECK(tok.encode("x b") == std::vector<int>{4, 2});
+    // Here the second " " would end before it starts: tokenizers 0.23.3 panics ("AddedVocabulary bad split");
+    // this tokenizer skips that match as it skips an empty one.
+    CHECK(tok.encode("x  b") == std::vector<int>{4, 2});
+  }
+}
+
+TEST_CASE("Sequences nested more than 64 deep are refused, naming the path", "[io][tokenizer]") {
+  // Hugging Face tokenizers 0.23.3 loads 62 nested Sequences and refuses 63 ("recursion limit exceeded").
+  struct Case {
+    const char* component;
+    const char* list;
+    const char* leaf;
+  };
+  const std::vector<Case> cases = {
+      {"normalizer", "normalizers", R"({"type": "Prepend", "prepend": "_"})"},
+      {"pre_tokenizer", "pretokenizers",
+       R"({"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated", "invert": false})"},
+      {"decoder", "decoders", R"({"type": "Fuse"})"},
+  };
+  const auto nested = [](const Case& c, int levels) {
+    Json j = Json::parse(kSmallTokenizer);
+    Json component = Json::parse(c.leaf);
+    for (int k = 0; k < levels; ++k) component = Json{{"type", "Sequence"}, {c.list, Json::array({component})}};
+    j[c.component] = component;
+    return j;
+  };
+  for (const Case& c : cases) {
+    INFO(c.component);
+    CHECK_NOTHROW(Tokenizer::from_json(nested(c, 64), "t.json"));
+    const Error e = error_of([&] { Tokenizer::from_json(nested(c, 65), "t.json"); });
+    CHECK(e.code() == StatusCode::kFormatError);
+    std::string path = c.component;
+    for (int k = 0; k < 64; ++k) path += std::string(".") + c.list + "[0]";
+    CHECK_THAT(e.what(), Contains("t.json: " + path + ": Sequence nested more than 64 levels deep"));
+  }
+}
+
+TEST_CASE("negative ids in the post-processor's special_tokens are format errors", "[io][tokenizer]") {
+  // Hugging Face tokenizers 0.23.3 refuses both files: it reads every entry's ids as u32, used or not.
+  Json j = Json::parse(kSmallTokenizer);
+  j["post_processor"] = Json::parse(R"({"type": "TemplateProcessing",
+    "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+    "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+    "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]},
+                       "<u>": {"id": "<u>", "ids": [1], "tokens": ["<u>"]}}})");
+  REQUIRE(Tokenizer::from_json(j, "t.json").encode("ab") == std::vector<int>{0, 1, 2});  // tokenizers: [0, 1, 2]
+  SECTION("used by the template") {
+    j["post_processor"]["special_tokens"]["<s>"]["ids"] = Json::array({-1});
+    const Error e = error_of([&] { Tokenizer::from_json(j, "t.json"); });
+    CHECK(e.code() == StatusCode::kFormatError);
+    CHECK_THAT(e.what(), Contains("t.json: post_processor.special_tokens.<s>.ids: id -1 is negative"));
+  }
+  SECTION("not used by the template") {
+    j["post_processor"]["special_tokens"]["<u>"]["ids"] = Json::array({-2});
+    const Error e = error_of([&] { Tokenizer::from_json(j, "t.json"); });
+    CHECK(e.code() == StatusCode::kFormatError);
+    CHECK_THAT(e.what(), Contains("t.json: post_processor.special_tokens.<u>.ids: id -2 is negative"));
+  }
+}

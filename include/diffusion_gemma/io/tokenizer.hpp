@@ -283,6 +283,7 @@ class Tokenizer {
       return;
     }
     std::size_t start_offset = 0;
+    std::size_t white_space_end = 0;  // where the last rstrip scan stopped: [its match end, here) is all White_Space
     std::size_t i = 0;
     while (i < s.size()) {
       std::size_t match_end = 0;
@@ -293,8 +294,25 @@ class Tokenizer {
       }
       const AddedToken& tok = added_[std::size_t(a)];
       std::size_t start = i, stop = match_end;
-      if (tok.lstrip) start = std::max(tokenizer_detail::trailing_white_space_start(s.substr(0, start)), start_offset);
-      if (tok.rstrip) stop += tokenizer_detail::leading_white_space_length(s.substr(stop));
+      // Both scans stop where an earlier one already looked, so that a long run of White_Space with a
+      // stripping token in it stays linear; the results are the same as scanning the whole text.
+      if (tok.lstrip) {
+        start = start <= start_offset ? start_offset
+                                      : start_offset + tokenizer_detail::trailing_white_space_start(
+                                                           s.substr(start_offset, start - start_offset));
+      }
+      if (tok.rstrip) {
+        stop = stop <= white_space_end ? white_space_end
+                                       : stop + tokenizer_detail::leading_white_space_length(s.substr(stop));
+        white_space_end = stop;
+      }
+      // An lstrip match inside White_Space that an earlier rstrip took is left empty (start == stop), which
+      // `tokenizers` drops, or ends before it starts, where `tokenizers` panics ("AddedVocabulary bad split");
+      // both are skipped here, so the text they matched stays with the earlier token.
+      if (start >= stop) {
+        i = match_end;
+        continue;
+      }
       if (start_offset < start) emit(start_offset, start, -1);
       emit(start, stop, a);
       start_offset = stop;

@@ -28,6 +28,14 @@ inline std::string element_path(const std::string& path, const std::string& key,
               "' is not supported (supported: ", supported, ")");
 }
 
+// Sequences are read by recursion, so a file that nests them deeply enough would overflow the stack.
+// `tokenizers` itself refuses a file past 62 levels (serde_json's recursion limit), so real files stay far below.
+constexpr int kMaxSequenceDepth = 64;
+
+inline void check_sequence_depth(const JsonObject& o, int depth) {
+  if (depth >= kMaxSequenceDepth) o.fail_here("Sequence nested more than ", kMaxSequenceDepth, " levels deep");
+}
+
 // {"String": "..."} patterns; the "Regex" form is rejected because this library has no regex engine that is
 // guaranteed to agree with Oniguruma.
 inline std::string literal_pattern(const JsonObject& owner, const std::string& file, const std::string& path,
@@ -48,7 +56,7 @@ class Normalizer {
  public:
   static Normalizer from_json(const Json& j, const std::string& file, const std::string& path) {
     Normalizer n;
-    if (!j.is_null()) n.add(j, file, path);
+    if (!j.is_null()) n.add(j, file, path, 0);
     return n;
   }
 
@@ -77,13 +85,14 @@ class Normalizer {
     std::string content;
   };
 
-  void add(const Json& j, const std::string& file, const std::string& path) {
+  void add(const Json& j, const std::string& file, const std::string& path, int depth) {
     const JsonObject o(j, file, path);
     const std::string type = o.string("type");
     if (type == "Sequence") {
+      check_sequence_depth(o, depth);
       const Json& list = o.required("normalizers");
       if (!list.is_array()) o.fail("normalizers", "expected an array");
-      for (std::size_t i = 0; i < list.size(); ++i) add(list[i], file, element_path(path, "normalizers", i));
+      for (std::size_t i = 0; i < list.size(); ++i) add(list[i], file, element_path(path, "normalizers", i), depth + 1);
     } else if (type == "Replace") {
       steps_.push_back({Step::kReplace, literal_pattern(o, file, path, "Replace normalizer"), o.string("content")});
     } else if (type == "Prepend") {
@@ -104,7 +113,7 @@ class PreTokenizer {
 
   static PreTokenizer from_json(const Json& j, const std::string& file, const std::string& path) {
     PreTokenizer p;
-    if (!j.is_null()) p.add(j, file, path);
+    if (!j.is_null()) p.add(j, file, path, 0);
     return p;
   }
 
@@ -134,13 +143,16 @@ class PreTokenizer {
     bool is_match;
   };
 
-  void add(const Json& j, const std::string& file, const std::string& path) {
+  void add(const Json& j, const std::string& file, const std::string& path, int depth) {
     const JsonObject o(j, file, path);
     const std::string type = o.string("type");
     if (type == "Sequence") {
+      check_sequence_depth(o, depth);
       const Json& list = o.required("pretokenizers");
       if (!list.is_array()) o.fail("pretokenizers", "expected an array");
-      for (std::size_t i = 0; i < list.size(); ++i) add(list[i], file, element_path(path, "pretokenizers", i));
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        add(list[i], file, element_path(path, "pretokenizers", i), depth + 1);
+      }
     } else if (type == "Split") {
       Step step{literal_pattern(o, file, path, "Split pre-tokenizer"), Behavior::kRemoved, o.boolean("invert")};
       const std::string b = o.string("behavior");
@@ -230,7 +242,7 @@ class Decoder {
   static Decoder from_json(const Json& j, const std::string& file, const std::string& path) {
     Decoder d;
     d.present_ = !j.is_null();
-    if (d.present_) d.add(j, file, path);
+    if (d.present_) d.add(j, file, path, 0);
     return d;
   }
 
@@ -279,13 +291,14 @@ class Decoder {
     std::size_t start = 0;
   };
 
-  void add(const Json& j, const std::string& file, const std::string& path) {
+  void add(const Json& j, const std::string& file, const std::string& path, int depth) {
     const JsonObject o(j, file, path);
     const std::string type = o.string("type");
     if (type == "Sequence") {
+      check_sequence_depth(o, depth);
       const Json& list = o.required("decoders");
       if (!list.is_array()) o.fail("decoders", "expected an array");
-      for (std::size_t i = 0; i < list.size(); ++i) add(list[i], file, element_path(path, "decoders", i));
+      for (std::size_t i = 0; i < list.size(); ++i) add(list[i], file, element_path(path, "decoders", i), depth + 1);
     } else if (type == "Replace") {
       steps_.push_back({Step::kReplace, literal_pattern(o, file, path, "Replace decoder"), o.string("content")});
     } else if (type == "ByteFallback") {
@@ -380,6 +393,16 @@ class PostProcessor {
     const std::string type = o.string("type");
     if (type != "TemplateProcessing") unsupported_component(file, path, "post-processor", type, "TemplateProcessing");
     const JsonObject specials = o.object("special_tokens");
+    // `tokenizers` reads the ids of every entry, used by the template or not, as u32 and refuses the file
+    // if one is negative.
+    for (auto it = specials.raw_begin(); it != specials.raw_end(); ++it) {
+      const JsonObject tok = specials.object(it.key());
+      const Json& ids = tok.required("ids");
+      if (!ids.is_array()) tok.fail("ids", "expected an array of ids");
+      for (const Json& v : ids) {
+        if (tok.as_integer(v, "ids") < 0) tok.fail("ids", "id ", v.dump(), " is negative (ids must be >= 0)");
+      }
+    }
     const Json& single = o.required("single");
     if (!single.is_array()) o.fail("single", "expected an array of template pieces");
     p.present_ = true;
