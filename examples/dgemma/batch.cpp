@@ -32,6 +32,7 @@ using Options = Batcher::Options;
 
 struct Item {
   std::string where;  // FILE:LINE, for messages
+  std::size_t line = 0;  // LINE of `where`, 1-based: "line" of the result
   std::vector<std::int32_t> prompt;
   Options options;
   nlohmann::ordered_json result;
@@ -114,8 +115,9 @@ int cmd_batch(const std::vector<std::string>& args) {
   for (auto& spec : engine_flag_specs(dg::cpu::precision_name(dg::cpu::EngineOptions{}.precision))) specs.push_back(spec);
   Flags f("batch",
           "Generates for every prompt of a JSON Lines file, many sequences per forward pass. Writes one JSON\n"
-          "line per prompt, in input order: index, text, tokens, seed, steps and stop reason per canvas. Each\n"
-          "answer equals `dgemma generate` with the same prompt, seed and flags.",
+          "line per prompt, in input order: index, line (of --input, 1-based), text, tokens, seed, steps\n"
+          "and stop reason per canvas (or index, line and error). Each answer equals `dgemma generate` with\n"
+          "the same prompt, seed and flags.",
           specs);
   if (!f.parse(args)) {
     std::cout << f.usage();
@@ -153,8 +155,15 @@ int cmd_batch(const std::vector<std::string>& args) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     items.push_back(parse_line(line, input + ":" + std::to_string(line_no), tok.get(), cfg, format, defaults));
+    items.back().line = line_no;
   }
   if (items.empty()) throw UsageError(input + ": no prompts (one JSON value per line)");
+  // The output too: a path that cannot be written fails now, not after the last prompt.
+  std::ofstream file;
+  if (f.has("output")) {
+    file.open(f.str("output"), std::ios::binary | std::ios::trunc);
+    if (!file) throw dg::Error(dg::StatusCode::kNotFound, f.str("output") + ": cannot be written");
+  }
 
   Engine engine(model, engine_options(f, dg::cpu::EngineOptions{}.precision));
   Batcher::Limits limits;
@@ -175,6 +184,7 @@ int cmd_batch(const std::vector<std::string>& args) {
       ++finished;
       auto& j = it.result;
       j["index"] = i;
+      j["line"] = it.line;
       if (!s.ok()) {
         j["error"] = s.message();
         if (first_error.empty()) first_error = it.where + ": " + s.message();
@@ -219,14 +229,10 @@ int cmd_batch(const std::vector<std::string>& args) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  std::ofstream file;
-  if (f.has("output")) {
-    file.open(f.str("output"), std::ios::binary | std::ios::trunc);
-    if (!file) throw dg::Error(dg::StatusCode::kNotFound, f.str("output") + ": cannot be written");
-  }
   std::ostream& out = f.has("output") ? static_cast<std::ostream&>(file) : std::cout;
-  for (const auto& it : items) {
-    out << (it.done ? it.result : nlohmann::ordered_json{{"error", "not run"}})
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    out << (it.done ? it.result : nlohmann::ordered_json{{"index", i}, {"line", it.line}, {"error", "not run"}})
                .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
         << "\n";
   }

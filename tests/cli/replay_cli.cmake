@@ -126,16 +126,22 @@ endif()
 set(alone_0 ${common} --prompt "Hello there")
 set(alone_1 ${common} --prompt "General Kenobi" --seed 5)
 set(alone_2 ${common_16} --prompt-ids 2,7,9)
+# "line" is the input line, 1-based as in error messages: the blank line 3 is counted.
+set(line_of_0 1)
+set(line_of_1 2)
+set(line_of_2 4)
 foreach(i 0 1 2)
   execute_process(COMMAND ${DGEMMA} generate --model ${model} ${alone_${i}} --json OUTPUT_VARIABLE ref
                   RESULT_VARIABLE rc)
   set(got "${line_${i}}")
   string(JSON got_index GET "${got}" index)
+  string(JSON got_line GET "${got}" line)
   string(JSON got_tokens GET "${got}" tokens)
   string(JSON ref_tokens GET "${ref}" tokens)
   string(JSON got_text GET "${got}" text)
   string(JSON ref_text GET "${ref}" text)
-  if(NOT rc EQUAL 0 OR NOT got_index EQUAL i OR NOT got_tokens STREQUAL ref_tokens OR NOT got_text STREQUAL ref_text)
+  if(NOT rc EQUAL 0 OR NOT got_index EQUAL i OR NOT got_line EQUAL line_of_${i} OR NOT got_tokens STREQUAL ref_tokens
+     OR NOT got_text STREQUAL ref_text)
     message(FATAL_ERROR "dgemma batch line ${i}: '${got}' but generate alone: '${ref}'")
   endif()
 endforeach()
@@ -144,6 +150,16 @@ file(WRITE ${batch_in} "\"Hello\"\n{\"prompt\": \"x\", \"temperature\": 1}\n")
 execute_process(COMMAND ${DGEMMA} batch --model ${model} --input ${batch_in} ERROR_VARIABLE err RESULT_VARIABLE rc)
 if(NOT rc EQUAL 2 OR NOT err MATCHES "batch.jsonl:2: unknown field \"temperature\"")
   message(FATAL_ERROR "dgemma batch with a bad line: exit ${rc}, '${err}'")
+endif()
+# --output is checked before any work: a path that cannot be written fails at once, named, before
+# even line 2 (which can never run: 1000 new tokens exceed max_position_embeddings) is submitted.
+file(WRITE ${batch_in} "\"Hello\"\n{\"prompt\": \"x\", \"max_new_tokens\": 1000}\n")
+execute_process(COMMAND ${DGEMMA} batch --model ${model} --input ${batch_in}
+                        --output ${CMAKE_CURRENT_BINARY_DIR}/no_such_dir/results.jsonl
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(rc EQUAL 0 OR NOT err MATCHES "no_such_dir/results.jsonl: cannot be written" OR err MATCHES "prompts|batch.jsonl:2"
+   OR NOT out STREQUAL "")
+  message(FATAL_ERROR "dgemma batch with an unwritable --output: exit ${rc}, '${out}' '${err}'")
 endif()
 message(STATUS "dgemma batch passed")
 

@@ -3,6 +3,7 @@
 // textbook formulas in double precision), and its sampler against the softmax distribution.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -251,5 +252,41 @@ TEST_CASE("fast precision: the vocabulary pass on bf16 products stays within its
     CHECK(max_h < 0.05);
     CHECK(max_soft < 0.02 * soft_scale);
     CHECK(argmax_agree >= C - 1);
+  }
+}
+
+// encode_batch skips an item of no tokens, as its loop does: one empty item (say, a sequence with
+// nothing left to commit) must not fail the call. The others cache exactly the bits encode() caches
+// for each alone, and the empty item's cache keeps its positions and contents.
+TEST_CASE("encode_batch: an empty item is a no-op beside the others", "[cpu][engine]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_wide"));
+  cpu::Engine<DiffusionGemmaBackbone> engine(model);
+  const auto& cfg = model->config();
+  const std::int64_t capacity = 32;
+  const std::vector<std::int32_t> a{5, 17, 99, 3, 42}, b{7, 8, 200}, before{11, 12};
+  cpu::KvCache alone_a = engine.make_cache(capacity), alone_b = engine.make_cache(capacity);
+  cpu::KvCache batched_a = engine.make_cache(capacity), batched_b = engine.make_cache(capacity);
+  cpu::KvCache empty = engine.make_cache(capacity), empty_ref = engine.make_cache(capacity);
+  engine.encode(a.data(), 5, alone_a);
+  engine.encode(b.data(), 3, alone_b);
+  engine.encode(before.data(), 2, empty);
+  engine.encode(before.data(), 2, empty_ref);
+  const EncodeItem<cpu::KvCache> items[] = {{a.data(), 5, &batched_a}, {nullptr, 0, &empty}, {b.data(), 3, &batched_b}};
+  REQUIRE_NOTHROW(engine.encode_batch(items, 3));
+  REQUIRE(batched_a.length() == 5);
+  REQUIRE(batched_b.length() == 3);
+  REQUIRE(empty.length() == 2);
+  for (int l = 0; l < cfg.num_layers(); ++l) {
+    const LayerSpec& spec = cfg.layers[static_cast<std::size_t>(l)];
+    const std::size_t bytes = static_cast<std::size_t>(capacity * spec.head_dim) * sizeof(float);
+    for (int g = 0; g < spec.num_kv_heads; ++g) {
+      INFO("layer " << l << " KV head " << g);
+      CHECK(std::memcmp(batched_a.keys(l, g), alone_a.keys(l, g), bytes) == 0);
+      CHECK(std::memcmp(batched_a.values(l, g), alone_a.values(l, g), bytes) == 0);
+      CHECK(std::memcmp(batched_b.keys(l, g), alone_b.keys(l, g), bytes) == 0);
+      CHECK(std::memcmp(batched_b.values(l, g), alone_b.values(l, g), bytes) == 0);
+      CHECK(std::memcmp(empty.keys(l, g), empty_ref.keys(l, g), bytes) == 0);
+      CHECK(std::memcmp(empty.values(l, g), empty_ref.values(l, g), bytes) == 0);
+    }
   }
 }

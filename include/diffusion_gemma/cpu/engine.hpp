@@ -209,7 +209,7 @@ class Engine {
           throw_error(StatusCode::kInvalidArgument, "encode_batch: items ", j, " and ", i, " share one KV cache");
         }
       }
-      check_token_ids(cfg_, it.ids, it.n, "encoder input");
+      if (it.n > 0) check_token_ids(cfg_, it.ids, it.n, "encoder input");  // an empty item is a no-op
       check_cache(*it.cache);
       if (it.cache->length() + it.n > it.cache->capacity()) {
         throw_error(StatusCode::kOutOfRange, "encode_batch: item ", i, ": ", it.n, " tokens after ", it.cache->length(),
