@@ -106,7 +106,7 @@ std::vector<std::int32_t> answer(const dg::GenerationResult& r) {
 
 std::int64_t valid_tokens(const dg::GenerationResult& r, int pad) {
   std::int64_t n = 0;
-  for (auto t : r.tokens) n += t != pad;
+  for (auto t : r.tokens) n += pad == dg::kNoPadToken || t != pad;
   return n;
 }
 

@@ -171,6 +171,10 @@ int cmd_info(const std::vector<std::string>& args) {
                                 {"canvas_length", c.canvas_length},
                                 {"stop_token_ids", g.stop_token_ids},
                                 {"ignored_stop_token_ids", g.ignored_stop_token_ids},
+                                {"pad_token_id", g.pad_token_id == dg::kNoPadToken ? nlohmann::ordered_json(nullptr)
+                                                                                 : nlohmann::ordered_json(g.pad_token_id)},
+                                {"max_length", g.max_length > 0 ? nlohmann::ordered_json(g.max_length)
+                                                                : nlohmann::ordered_json(nullptr)},
                                 {"parameters_total", p.total},
                                 {"parameters_active_per_token", p.active},
                                 {"weights_present", has_weights},
@@ -214,6 +218,12 @@ int cmd_info(const std::vector<std::string>& args) {
   if (!g.ignored_stop_token_ids.empty()) {
     std::printf(" (%s ignored: outside the vocabulary)", id_list(g.ignored_stop_token_ids).c_str());
   }
+  if (g.pad_token_id == dg::kNoPadToken) {
+    std::printf("; no PAD (tokens after a stop id are kept)");
+  } else {
+    std::printf("; PAD %d", g.pad_token_id);
+  }
+  if (g.max_length > 0) std::printf("; max_length %d", g.max_length);
   std::printf("\n");
   std::printf("parameters       %s total, %s active per token\n", human_count(p.total).c_str(), human_count(p.active).c_str());
   if (has_weights) {

@@ -15,6 +15,7 @@
 #include <diffusion_gemma/runtime/decoder.hpp>
 
 #include "support/golden.hpp"
+#include "support/replay_settings.hpp"
 
 namespace dg_cuda_test {
 
@@ -148,15 +149,7 @@ ReplayRun load_replay(const std::string& checkpoint_dir, const std::string& run)
   r.sampler = o.sampler;
   r.scheduler = o.scheduler;
   const auto& s = j.at("settings");
-  r.scheduler.max_new_tokens = s.at("max_new_tokens").get<int>();
-  r.sampler.max_denoising_steps = s.at("max_denoising_steps").get<int>();
-  r.sampler.schedule.t_min = s.at("t_min").get<double>();
-  r.sampler.schedule.t_max = s.at("t_max").get<double>();
-  r.sampler.stopping.stability_threshold = s.at("stability_threshold").get<int>();
-  r.sampler.stopping.confidence_threshold = s.at("confidence_threshold").get<double>();
-  r.sampler.acceptance.entropy_bound = s.at("sampler_config").at("entropy_bound").get<double>();
-  r.scheduler.stop_token_ids = s.at("eos_token_id").get<std::vector<int>>();
-  r.scheduler.pad_token_id = s.at("pad_token_id").get<int>();
+  dg_test::apply_replay_settings(s, r);
   r.sampler.rng.draws = draws.draws;
   return r;
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <diffusion_gemma/io/chat_format.hpp>
+#include <diffusion_gemma/io/config.hpp>
 
 #include "support/catch.hpp"
 #include "support/paths.hpp"
@@ -115,8 +116,8 @@ TEST_CASE("chat rejects conversations the template cannot express", "[io][chat]"
 
 TEST_CASE("stop ids come from generation_config.json and must exist in the tokenizer", "[io][chat]") {
   const io::Tokenizer tok = io::Tokenizer::from_file(dg_test::fixture("tokenizers/gemma_bpe_1000.json"));
-  GenerationConfig gen;
-  gen.source = "generation_config.json";
+  GenerationConfig gen =
+      io::parse_generation_config(io::Json::parse(R"({"eos_token_id": [1, 106, 50]})"), "generation_config.json");
   CHECK(io::chat_stop_ids(gen, tok) == std::vector<int>{1, 106, 50});
   CHECK(tok.id_to_token(106) == "<turn|>");
   CHECK(tok.id_to_token(50) == "<|tool_response>");

@@ -260,12 +260,30 @@ TEST_CASE("generation_config.json: values, nulls fall back to the reference defa
   eos.restrict_to_vocabulary(300);
   CHECK(eos.stop_token_ids == std::vector<int>{1, 299});
   CHECK(eos.ignored_stop_token_ids == std::vector<int>{-4, 300});
-  // The default set under a vocabulary smaller than the released one (a cut-down test model).
-  GenerationConfig small = io::parse_generation_config(Json::object(), "g.json");
+  // The released set under a vocabulary smaller than the released one (a cut-down test model).
+  GenerationConfig small = io::parse_generation_config(Json::parse(R"({"eos_token_id": [1, 106, 50]})"), "g.json");
   small.restrict_to_vocabulary(100);
   CHECK(small.stop_token_ids == std::vector<int>{1, 50});
   CHECK(small.ignored_stop_token_ids == std::vector<int>{106});
-  // Defaults when there is no key at all: the released checkpoint's stop set.
+  // No key at all: transformers' reading, which does not fall back to config.json's eos_token_id:
+  // no stop id, no PAD (tokens after a stop id stay), no max_length.
   const GenerationConfig d = io::parse_generation_config(Json::object(), "g.json");
-  CHECK(d.stop_token_ids == std::vector<int>{1, 106, 50});
+  CHECK(d.stop_token_ids.empty());
+  CHECK(d.pad_token_id == kNoPadToken);
+  CHECK(d.max_length == 0);
+  CHECK_NOTHROW(GenerationConfig(d).restrict_to_vocabulary(100));
+  // null and [] are absent too.
+  const GenerationConfig n =
+      io::parse_generation_config(Json::parse(R"({"eos_token_id": [], "pad_token_id": null, "max_length": null})"), "g.json");
+  CHECK(n.stop_token_ids.empty());
+  CHECK(n.pad_token_id == kNoPadToken);
+  CHECK(n.max_length == 0);
+  const GenerationConfig m = io::parse_generation_config(Json::parse(R"({"max_length": 300})"), "g.json");
+  CHECK(m.max_length == 300);
+  CHECK_THROWS_WITH(io::parse_generation_config(Json::parse(R"({"max_length": 0})"), "g.json"),
+                    Contains("g.json: max_length") && Contains("must be positive"));
+  CHECK_THROWS_WITH(io::parse_generation_config(Json::parse(R"({"pad_token_id": -1})"), "g.json"),
+                    Contains("g.json: pad_token_id") && Contains("must be >= 0"));
+  CHECK_THROWS_WITH(io::parse_generation_config(Json::parse(R"({"max_length": "x"})"), "g.json"),
+                    Contains("max_length"));
 }

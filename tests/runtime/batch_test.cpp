@@ -411,6 +411,25 @@ TEST_CASE("BatchDecoder lays rows out as transformers' batched generate does", "
     CHECK(std::vector<std::int32_t>(s.begin() + longest, s.begin() + longest + alone_run.tokens.size()) == alone_run.tokens);
     for (std::size_t j = longest + alone_run.tokens.size(); j < s.size(); ++j) CHECK(s[j] == options[i].scheduler.pad_token_id);
   }
+  // transformers measures max_length from the left-padded prompts: with the budget it sets
+  // (max_new_tokens at its default), every row gets max_length - longest new tokens, one canvas
+  // and a bit here, so two canvases each, however short its own prompt.
+  const int C = model->config().canvas_length;
+  std::vector<Options> limited = options;
+  for (auto& o : limited) {
+    o.scheduler.max_new_tokens = GenerationConfig::kDefaultMaxNewTokens;
+    o.scheduler.max_length = static_cast<int>(longest) + C + 1;
+  }
+  const BatchResult lr = batch.generate(prompts, limited);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    INFO("row " << i);
+    CHECK(lr.sequences[i].size() == longest + 2 * static_cast<std::size_t>(C));
+    if (lr.rows[i].finish != Finish::kStopToken) CHECK(lr.rows[i].canvases.size() == 2);
+  }
+  // Without PAD, transformers goes on generating rows that stopped: refused rather than imitated.
+  std::vector<Options> no_pad = options;
+  no_pad[1].scheduler.pad_token_id = kNoPadToken;
+  CHECK_THROWS_WITH(batch.generate(prompts, no_pad), Catch::Matchers::Contains("row 1 has no pad_token_id"));
   // Mismatched options are refused before any work.
   options.pop_back();
   CHECK_THROWS_AS(batch.generate(prompts, options), Error);

@@ -4,6 +4,7 @@
 // Decoder and require exactly the same tokens, the same number of steps per canvas and the same
 // stop reasons. Every decision in between (argmax, entropies, entropy-bound acceptance, stability,
 // confidence, commit, stop ids, PAD fill, re-encoding) is ours.
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -79,6 +80,50 @@ TEST_CASE("replay parity on the plain checkpoints: several canvases, long prompt
   for (const char* ckpt : {"dg_small", "dg_wide"}) {
     for (const char* run : {"default_short", "long_prompt", "wide_bound", "stop_id"}) check_replay(ckpt, run);
   }
+}
+
+// The generation-config keys whose absence changes the output (make_fixtures.py,
+// generation_config_runs): without pad_token_id the tokens after a stop id stay; without
+// eos_token_id nothing stops; max_length sets the budget (max_new_tokens at its default 256) or
+// stops after the canvas that reaches it.
+TEST_CASE("replay parity without PAD or stop ids and with max_length", "[runtime][replay][golden]") {
+  for (const char* run : {"no_pad", "no_eos", "max_length_budget", "max_length_stop"}) check_replay("dg_small", run);
+}
+
+// The same runs with their settings read the way a checkpoint's are: written as
+// generation_config.json (transformers' None is an absent key) and loaded by cpu::Model::load.
+TEST_CASE("generation_config.json without PAD, without stop ids or with max_length replays transformers",
+          "[runtime][replay][golden]") {
+  for (const std::string run : {"no_pad", "no_eos", "max_length_budget", "max_length_stop"}) {
+    INFO(run);
+    const std::string base = dg_test::fixture("dg_small/replay/" + run);
+    std::ifstream in(base + ".json");
+    const auto j = nlohmann::json::parse(in);
+    nlohmann::json settings = j.at("settings");
+    for (const char* key : {"pad_token_id", "eos_token_id", "max_length"}) {
+      if (settings.contains(key) && settings[key].is_null()) settings.erase(key);
+    }
+    const dg_test::EditedCheckpoint e("generation_config_" + run, {}, {}, {});
+    std::ofstream(e.dir + "/generation_config.json") << settings.dump();
+    auto model = cpu::Model::load(e.dir);
+    const GenerationConfig& g = model->generation_config();
+    CHECK(g.pad_token_id == (j["settings"]["pad_token_id"].is_null() ? kNoPadToken : 0));
+    CHECK((g.stop_token_ids.empty() && g.ignored_stop_token_ids.empty()) == j["settings"]["eos_token_id"].is_null());
+    ReplayDecoder decoder(model, exact());
+    auto options = ReplayDecoder::default_options(g);
+    const auto draws = io::load_draws(base + ".draws.safetensors");
+    options.sampler.rng.draws = draws.draws;
+    const GenerationResult r = decoder.generate(draws.prompt_ids, options);
+    CHECK(r.tokens == j.at("tokens").get<std::vector<std::int32_t>>());
+    CHECK(r.canvases.size() == j.at("steps").size());
+  }
+  // Without generation_config.json transformers has no stop id and no PAD either.
+  const dg_test::EditedCheckpoint none("no_generation_config", {}, {}, {});
+  std::remove((none.dir + "/generation_config.json").c_str());
+  const GenerationConfig g = cpu::Model::load(none.dir)->generation_config();
+  CHECK(g.stop_token_ids.empty());
+  CHECK(g.pad_token_id == kNoPadToken);
+  CHECK(g.max_length == 0);
 }
 
 TEST_CASE("replay parity where the stable-and-confident stop fires", "[runtime][replay][golden]") {

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <diffusion_gemma/model/config.hpp>
+
 namespace dg_test {
 
 template <class Options>
@@ -19,8 +21,10 @@ void apply_replay_settings(const nlohmann::json& s, Options& o) {
   o.sampler.stopping.stability_threshold = s.at("stability_threshold").get<int>();
   o.sampler.stopping.confidence_threshold = s.at("confidence_threshold").get<double>();
   o.sampler.acceptance.entropy_bound = s.at("sampler_config").at("entropy_bound").get<double>();
-  o.scheduler.stop_token_ids = s.at("eos_token_id").get<std::vector<int>>();
-  o.scheduler.pad_token_id = s.at("pad_token_id").get<int>();
+  // transformers' None: no stop ids, no PAD, no max_length.
+  o.scheduler.stop_token_ids = s.at("eos_token_id").is_null() ? std::vector<int>{} : s.at("eos_token_id").get<std::vector<int>>();
+  o.scheduler.pad_token_id = s.at("pad_token_id").is_null() ? diffusion_gemma::kNoPadToken : s.at("pad_token_id").get<int>();
+  o.scheduler.max_length = s.contains("max_length") && !s.at("max_length").is_null() ? s.at("max_length").get<int>() : 0;
 }
 
 }  // namespace dg_test

@@ -316,6 +316,31 @@ def replay_runs(model, out_dir, gen, confident):
             t2, s2, st2, rec2 = run_generate(model, prompt, seed, with_sampler(stop_settings))
             write_replay(os.path.join(out_dir, "replay", "stop_id"), prompt, stop_settings, t2, s2, st2, rec2)
             results.append(("stop_id", s2, st2, t2))
+            if not confident:
+                results += generation_config_runs(model, out_dir, prompt, seed, settings, stop_settings)
+    return results
+
+
+def generation_config_runs(model, out_dir, prompt, seed, settings, stop_settings):
+    """default_short's prompt and seed under the generation-config keys whose absence or presence
+    changes the output (no draw from `gen`, so the other runs are unchanged):
+      no_pad: a stop id mid-canvas without pad_token_id: the tokens after it stay;
+      no_eos: no eos_token_id (and no PAD), as without generation_config.json: nothing stops;
+      max_length_budget: max_length with max_new_tokens at its default 256: the budget is
+        max_length - prompt length (C + 3 tokens: two canvases);
+      max_length_stop: max_length with an explicit max_new_tokens of 4 canvases: generation stops
+        after the canvas that reaches max_length (the second)."""
+    C = model.config.canvas_length
+    P = prompt.shape[1]
+    runs = [("no_pad", dict(stop_settings, pad_token_id=None)),
+            ("no_eos", dict(settings, eos_token_id=None, pad_token_id=None)),
+            ("max_length_budget", dict(settings, max_new_tokens=256, max_length=P + C + 3)),
+            ("max_length_stop", dict(settings, max_new_tokens=4 * C, max_length=P + C + 1))]
+    results = []
+    for run, run_settings in runs:
+        tokens, steps, stop, rec = run_generate(model, prompt, seed, with_sampler(run_settings))
+        write_replay(os.path.join(out_dir, "replay", run), prompt, run_settings, tokens, steps, stop, rec)
+        results.append((run, steps, stop, tokens))
     return results
 
 

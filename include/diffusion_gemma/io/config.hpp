@@ -270,14 +270,22 @@ inline GenerationConfig parse_generation_config(const Json& j, const std::string
     }
     g.entropy_bound = s.number("entropy_bound");
   }
-  const auto eos = detail::parse_token_ids(o, "eos_token_id");
-  if (!eos.empty()) g.stop_token_ids = eos;
-  g.pad_token_id = o.as_int32(o.integer_or("pad_token_id", g.pad_token_id), "pad_token_id");
+  // Absent, null or []: no stop ids; absent or null pad_token_id: no PAD (transformers' reading).
+  g.stop_token_ids = detail::parse_token_ids(o, "eos_token_id");
+  if (o.has_non_null("pad_token_id")) {
+    g.pad_token_id = o.int32("pad_token_id");
+    if (g.pad_token_id < 0) o.fail("pad_token_id", "must be >= 0 (got ", g.pad_token_id, ")");
+  }
+  if (o.has_non_null("max_length")) {
+    g.max_length = o.int32("max_length");
+    if (g.max_length <= 0) o.fail("max_length", "must be positive (got ", g.max_length, ")");
+  }
   g.validate();
   return g;
 }
 
-// generation_config.json is optional: without it the reference defaults apply.
+// generation_config.json is optional: without it transformers' defaults apply, which name no stop
+// id and no PAD (GenerationConfig).
 inline GenerationConfig load_generation_config(const std::string& dir) {
   const std::string path = dir + "/generation_config.json";
   if (::access(path.c_str(), F_OK) != 0) {

@@ -127,22 +127,36 @@ struct ModelConfig {
   }
 };
 
+// pad_token_id value meaning "no PAD": a canvas keeps its tokens after a stop id, as transformers'
+// generate does when the generation config has no pad_token_id.
+inline constexpr int kNoPadToken = -1;
+
 // Sampler and scheduler defaults of a DiffusionGemma checkpoint (generation_config.json). The
-// member initialisers are transformers' global defaults for DiffusionGemma generation, which it
-// applies to every unset key, and the released checkpoint's values.
+// member initialisers are what transformers uses for a key the file does not set: its global
+// defaults for DiffusionGemma generation (also the released checkpoint's values) for the sampler
+// and the token budget, and nothing for the stop ids, PAD and max_length. transformers does not
+// fall back to config.json's eos_token_id: without generation_config.json, or without the key,
+// generation runs every canvas of the budget.
 struct GenerationConfig {
+  // transformers' own default of max_new_tokens; only at this value does max_length set the budget.
+  static constexpr int kDefaultMaxNewTokens = 256;
+
   std::string source;
-  int max_new_tokens = 256;
+  int max_new_tokens = kDefaultMaxNewTokens;
   int max_denoising_steps = 48;
   double entropy_bound = 0.1;
   double t_min = 0.4;
   double t_max = 0.8;
   int stability_threshold = 1;
   double confidence_threshold = 0.005;
-  std::vector<int> stop_token_ids{1, 106, 50};
+  std::vector<int> stop_token_ids;  // eos_token_id; the released checkpoint's are {1, 106, 50}
   // Stop ids outside the vocabulary that restrict_to_vocabulary() took out of stop_token_ids.
   std::vector<int> ignored_stop_token_ids;
-  int pad_token_id = 0;
+  int pad_token_id = kNoPadToken;  // the released checkpoint's is 0
+  // max_length: prompt plus generated tokens (0: unset). With max_new_tokens at its default it sets
+  // the budget to max_length - prompt length; otherwise generation also stops after the canvas that
+  // reaches it (transformers' MaxLengthCriteria).
+  int max_length = 0;
   // The most denoising steps per canvas a configuration may ask for (`dgemma --max-denoising-steps`
   // has the same bound): beyond it a run would not end in any useful time.
   static constexpr int kMaxDenoisingSteps = 1 << 20;
@@ -158,15 +172,17 @@ struct GenerationConfig {
     if (!(t_max > t_min)) fail("t_max must be > t_min (got t_min ", t_min, ", t_max ", t_max, ")");
     if (stability_threshold < 0) fail("stability_threshold must be >= 0 (got ", stability_threshold, ")");
     if (!(confidence_threshold > 0.0)) fail("confidence_threshold must be > 0 (got ", confidence_threshold, ")");
+    if (pad_token_id < kNoPadToken) fail("pad_token_id must be >= 0 (got ", pad_token_id, ")");
+    if (max_length < 0) fail("max_length must be positive (got ", max_length, ")");
   }
 
-  // Binds the ids to the model's vocabulary. PAD must be a token: it fills a canvas after a stop id
-  // and is then embedded. A stop id outside the vocabulary can never be sampled, so it is dropped
-  // (and kept in ignored_stop_token_ids for `dgemma info`), not refused: the default set {1, 106,
-  // 50} and the released generation_config.json name 106 and 50, which a model cut down to a
-  // smaller vocabulary does not have, and transformers runs such a model.
+  // Binds the ids to the model's vocabulary. PAD, when there is one, must be a token: it fills a
+  // canvas after a stop id and is then embedded. A stop id outside the vocabulary can never be
+  // sampled, so it is dropped (and kept in ignored_stop_token_ids for `dgemma info`), not refused:
+  // the released generation_config.json names 106 and 50, which a model cut down to a smaller
+  // vocabulary does not have, and transformers runs such a model.
   void restrict_to_vocabulary(std::int64_t vocab_size) {
-    if (pad_token_id < 0 || pad_token_id >= vocab_size) {
+    if (pad_token_id != kNoPadToken && (pad_token_id < 0 || pad_token_id >= vocab_size)) {
       throw_error(StatusCode::kInvalidArgument, source, ": pad_token_id ", pad_token_id,
                   " is outside the vocabulary (vocab_size ", vocab_size, ")");
     }

@@ -57,8 +57,26 @@ class BatchDecoder {
       throw_error(StatusCode::kInvalidArgument, "BatchDecoder::generate: ", prompts.size(), " prompts but ",
                   options.size(), " options");
     }
+    // transformers measures max_length from the left-padded prompts, so a shorter row's own limit is
+    // lower by its padding.
+    std::size_t longest = 0;
+    for (const auto& p : prompts) longest = std::max(longest, p.size());
+    std::vector<Options> rows = options;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      if (rows[i].scheduler.pad_token_id == kNoPadToken) {
+        // Without PAD, transformers keeps generating real tokens in a row that has stopped until
+        // every row has, so a row's output would depend on the others.
+        throw_error(StatusCode::kInvalidArgument, "BatchDecoder::generate: row ", i,
+                    " has no pad_token_id; a batch needs one (transformers' batched generate without it keeps "
+                    "generating the rows that stopped)");
+      }
+      int& max_length = rows[i].scheduler.max_length;
+      // At least 1: 0 would mean unset. A limit the padding already reaches stops after one canvas
+      // (or, as the budget, is refused by the plan), as in transformers.
+      if (max_length > 0) max_length = std::max(1, max_length - static_cast<int>(longest - prompts[i].size()));
+    }
     for (std::size_t i = 0; i < prompts.size(); ++i) {  // plan every row first: fail before any work
-      Sequence<Engine, Sampler, Scheduler> check(engine_, prompts[i], options[i]);
+      Sequence<Engine, Sampler, Scheduler> check(engine_, prompts[i], rows[i]);
       (void)check;
     }
     typename ContinuousBatcher<Engine, Sampler, Scheduler>::Limits limits;
@@ -71,7 +89,7 @@ class BatchDecoder {
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       typename ContinuousBatcher<Engine, Sampler, Scheduler>::Request r;
       r.prompt = prompts[i];
-      r.options = options[i];
+      r.options = rows[i];
       r.on_done = [&out, &status, i](const GenerationResult& g, const Status& st) {
         out.rows[i] = g;
         status[i] = st;

@@ -321,7 +321,8 @@ class Sequence {
   void finish() {
     result_.finish = cancelled_ ? Finish::kCancelled : finished_ ? Finish::kStopToken : Finish::kMaxNewTokens;
     std::int64_t valid = 0;
-    for (auto t : result_.tokens) valid += t != options_.scheduler.pad_token_id;
+    const int pad = options_.scheduler.pad_token_id;  // transformers counts every token when there is no PAD
+    for (auto t : result_.tokens) valid += pad == kNoPadToken || t != pad;
     result_.tokens_per_forward = result_.forwards ? static_cast<double>(valid) / result_.forwards : 0.0;
     result_.seconds = since(t0_);
     committing_ = false;

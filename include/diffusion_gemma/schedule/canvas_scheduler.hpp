@@ -2,8 +2,9 @@
 // CanvasScheduler<Blocks>: which tokens are generated when. Block diffusion commits one canvas at
 // a time: max_new_tokens becomes ceil(max_new_tokens / C) canvases (the output may exceed it by up
 // to C - 1 tokens, as in transformers); a canvas containing a stop id ends the sequence (the stop
-// id is kept, everything after it becomes PAD) and is not encoded into the cache, nor is the last
-// canvas.
+// id is kept, everything after it becomes PAD unless there is no PAD) and is not encoded into the
+// cache, nor is the last canvas. max_length, when set, bounds prompt plus output as transformers'
+// generate does (docs/sampler.md §1.1).
 #pragma once
 
 #include <algorithm>
@@ -35,10 +36,13 @@ class CanvasScheduler {
  public:
   using Blocks = Blocks_;
 
+  // The defaults are the released checkpoint's; a checkpoint's own generation_config.json is applied
+  // with apply_generation_config_to_scheduler().
   struct Arguments {
-    int max_new_tokens = 256;
+    int max_new_tokens = GenerationConfig::kDefaultMaxNewTokens;
     std::vector<int> stop_token_ids{1, 106, 50};
-    int pad_token_id = 0;
+    int pad_token_id = 0;  // kNoPadToken: tokens after a stop id are kept
+    int max_length = 0;    // prompt plus output; 0: unset
   };
 
   struct Plan {
@@ -52,26 +56,38 @@ class CanvasScheduler {
     if (a.max_new_tokens <= 0) {
       return make_status(StatusCode::kInvalidArgument, "max new tokens must be positive (got ", a.max_new_tokens, ")");
     }
+    if (a.max_length < 0) return make_status(StatusCode::kInvalidArgument, "max_length must be positive (got ", a.max_length, ")");
     return {};
   }
 
   static Plan plan(const Arguments& a, const ModelConfig& cfg, std::int64_t prompt_length) {
     throw_if_error(can_implement(a));
     if (prompt_length <= 0) throw_error(StatusCode::kInvalidArgument, "the prompt is empty");
-    if (a.pad_token_id < 0 || a.pad_token_id >= cfg.vocab_size) {
+    if (a.pad_token_id != kNoPadToken && (a.pad_token_id < 0 || a.pad_token_id >= cfg.vocab_size)) {
       // PAD fills a canvas after its stop id and is then committed, so it is embedded.
       throw_error(StatusCode::kInvalidArgument, "pad_token_id ", a.pad_token_id, " is outside the vocabulary [0, ",
                   cfg.vocab_size, ")");
     }
+    // transformers: max_length replaces a max_new_tokens left at its default, and otherwise stops
+    // the generation after the first canvas that reaches it.
+    std::int64_t budget = a.max_new_tokens;
+    if (a.max_length > 0 && a.max_new_tokens == GenerationConfig::kDefaultMaxNewTokens) {
+      budget = a.max_length - prompt_length;
+      if (budget <= 0) {
+        throw_error(StatusCode::kInvalidArgument, "max_length ", a.max_length, " leaves no new token after a prompt of ",
+                    prompt_length, " tokens");
+      }
+    }
     Plan p;
     p.prompt_length = prompt_length;
     std::int64_t tokens = 0, end = prompt_length;
-    while (tokens < a.max_new_tokens) {
+    while (tokens < budget && !(a.max_length > 0 && p.num_canvases > 0 && end >= a.max_length)) {
       const int c = Blocks::canvas_length(cfg, p.num_canvases);
       if (c <= 0) throw_error(StatusCode::kInvalidArgument, "canvas length must be positive (got ", c, ")");
       tokens += c;
       end += c;
       ++p.num_canvases;
+      if (end > cfg.max_position_embeddings) break;  // refused below; no need to count further
     }
     p.last_position = end - 1;
     p.cache_capacity = end - Blocks::canvas_length(cfg, p.num_canvases - 1);
@@ -81,10 +97,11 @@ class CanvasScheduler {
                   " before max_position_embeddings ", cfg.max_position_embeddings);
     }
     if (end > cfg.max_position_embeddings) {
-      throw_error(StatusCode::kOutOfRange, "max_new_tokens ", a.max_new_tokens, " after a prompt of ", prompt_length,
-                  " tokens needs positions up to ", end - 1, ", beyond max_position_embeddings ",
-                  cfg.max_position_embeddings, "; at most ",
-                  max_new_tokens_that_fit(cfg, prompt_length, a.max_new_tokens), " new tokens fit (whole canvases)");
+      throw_error(StatusCode::kOutOfRange, budget == a.max_new_tokens ? "max_new_tokens " : "max_length's budget of ",
+                  budget, " after a prompt of ", prompt_length,
+                  " tokens needs positions beyond max_position_embeddings ", cfg.max_position_embeddings,
+                  "; at most ",
+                  max_new_tokens_that_fit(cfg, prompt_length, static_cast<int>(budget)), " new tokens fit (whole canvases)");
     }
     return p;
   }
@@ -104,12 +121,12 @@ class CanvasScheduler {
   }
 
   // Applies the stop ids to a committed canvas in place: tokens after the first stop id become
-  // PAD. Returns the number of tokens up to and including the stop id (or all), and whether one
-  // was found (the sequence is then finished).
+  // PAD (or stay, without a PAD). Returns the number of tokens up to and including the stop id (or
+  // all), and whether one was found (the sequence is then finished).
   static std::pair<int, bool> finalize(const Arguments& a, std::int32_t* tokens, int length) {
     for (int i = 0; i < length; ++i) {
       if (std::find(a.stop_token_ids.begin(), a.stop_token_ids.end(), tokens[i]) != a.stop_token_ids.end()) {
-        std::fill(tokens + i + 1, tokens + length, a.pad_token_id);
+        if (a.pad_token_id != kNoPadToken) std::fill(tokens + i + 1, tokens + length, a.pad_token_id);
         return {i + 1, true};
       }
     }
@@ -122,6 +139,7 @@ void apply_generation_config_to_scheduler(const GenerationConfig& g, typename S:
   a.max_new_tokens = g.max_new_tokens;
   a.stop_token_ids = g.stop_token_ids;
   a.pad_token_id = g.pad_token_id;
+  a.max_length = g.max_length;
 }
 
 }  // namespace diffusion_gemma
