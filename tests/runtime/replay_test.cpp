@@ -163,6 +163,17 @@ TEST_CASE("non-finite activations stop a generation with a message, not with arb
                       Catch::Matchers::Contains("non-finite logits at canvas 0, step 0") &&
                           Catch::Matchers::Contains("--check-weights"));
   }
+  // Sound weights, but temperatures so small that logits / T overflows fp32: the message says so.
+  auto sound = cpu::Model::load(dg_test::fixture("dg_small"));
+  cpu::EngineOptions eo;
+  eo.threads = 1;
+  Decoder<cpu::Engine<DiffusionGemmaBackbone>> decoder(sound, eo);
+  auto o = Decoder<cpu::Engine<DiffusionGemmaBackbone>>::default_options(sound->generation_config());
+  o.scheduler.max_new_tokens = 8;
+  o.sampler.schedule.t_min = 1e-40;
+  o.sampler.schedule.t_max = 1e-39;
+  CHECK_THROWS_WITH(decoder.generate({2, 10, 11, 12}, o), Catch::Matchers::Contains("non-finite logits") &&
+                                                              Catch::Matchers::Contains("temperature is too small"));
 }
 
 TEST_CASE("token ids outside the vocabulary are refused before anything reads the embedding table", "[runtime]") {

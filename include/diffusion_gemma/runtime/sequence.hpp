@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -187,11 +188,18 @@ class Sequence {
       const float h = stats_.entropy[i];
       const std::int32_t id = Sampler::Rng::kReplaysSamples ? stats_.argmax[i] : stats_.sample[i];
       if (!(h - h == 0.0f) || stats_.argmax[i] < 0 || stats_.argmax[i] >= V || id < 0 || id >= V) {
-        throw Error(StatusCode::kFormatError,
-                    "non-finite logits at canvas " + std::to_string(b_) + ", step " + std::to_string(s) + ", position " +
-                        std::to_string(i) + " (entropy " + std::to_string(h) +
-                        "): the checkpoint's weights or config values overflow fp32 (`dgemma generate --check-weights` "
-                        "names NaN or Inf weights)");
+        // A temperature so small that logits / T overflows gives the same symptom as bad weights.
+        const double T = Sampler::Schedule::temperature(options_.sampler.schedule, n, N);
+        std::ostringstream why;
+        why << "non-finite logits at canvas " << b_ << ", step " << s << ", position " << i << " (entropy " << h
+            << ", temperature " << T << "): ";
+        if (T < 1e-30) {
+          why << "the temperature is too small for fp32 (logits / temperature overflow; raise t_min / t_max)";
+        } else {
+          why << "the checkpoint's weights or config values overflow fp32 (`dgemma generate --check-weights` names NaN "
+                 "or Inf weights)";
+        }
+        throw Error(StatusCode::kFormatError, why.str());
       }
     }
     for (int i = 0; i < C; ++i) {
