@@ -146,6 +146,18 @@ TEST_CASE("plain Gemma 4 text config, MoE off, with v_proj on full layers", "[io
   j["hidden_size_per_layer_input"] = 256;
   CHECK_THAT(error_of(j), Contains("hidden_size_per_layer_input") && Contains("PLE"));
   j["hidden_size_per_layer_input"] = 0;
+  // Gemma 4's config fills a text-level partial_rotary_factor into a RoPE entry without one
+  // (transformers' full-attention inv_freq then rotates half the pairs); an entry's own wins.
+  Json partial = j;
+  partial["partial_rotary_factor"] = 0.5;
+  partial["rope_parameters"]["full_attention"].erase("partial_rotary_factor");
+  CHECK(io::parse_model_config(partial, "config.json").rope_full.partial_rotary_factor == 0.5);
+  partial["rope_parameters"]["full_attention"]["partial_rotary_factor"] = 0.25;
+  CHECK(io::parse_model_config(partial, "config.json").rope_full.partial_rotary_factor == 0.25);
+  // rope_scaling would replace rope_parameters in transformers: refused by name, not ignored.
+  Json scaling = j;
+  scaling["rope_scaling"] = j["rope_parameters"];
+  CHECK_THAT(error_of(scaling), Contains("config.json: rope_scaling") && Contains("rope_parameters"));
   j.erase("enable_moe_block");
   CHECK_THAT(error_of(j), Contains("enable_moe_block"));
 }
@@ -199,6 +211,14 @@ TEST_CASE("config errors name the key at fault", "[io][config]") {
   SECTION("bidirectional text attention") {
     j["text_config"]["use_bidirectional_attention"] = "all";
     CHECK_THAT(error_of(j), Contains("use_bidirectional_attention"));
+  }
+  SECTION("a null final_logit_softcapping (transformers fails on it)") {
+    j["text_config"]["final_logit_softcapping"] = nullptr;
+    CHECK_THAT(error_of(j), Contains("final_logit_softcapping") && Contains("null"));
+  }
+  SECTION("rope_scaling beside rope_parameters") {
+    j["text_config"]["rope_scaling"] = Json::object({{"rope_type", "default"}, {"rope_theta", 5.0}});
+    CHECK_THAT(error_of(j), Contains("text_config.rope_scaling"));
   }
   SECTION("missing canvas_length") {
     j.erase("canvas_length");

@@ -135,6 +135,34 @@ TEST_CASE("safetensors rejects malformed files with a message naming the file an
                              12);
     CHECK_THAT(error_of(p), Contains("overlap"));
   }
+  // The data section must be covered exactly, as the safetensors package requires: it refuses
+  // each of these three with "invalid offset" / "file not fully covered".
+  SECTION("bytes between two tensors that belong to neither") {
+    const auto p = make_file("hole.safetensors",
+                             R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                             R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                             12);
+    CHECK_THAT(error_of(p), Contains("hole.safetensors") && Contains("bytes [4, 8)") && Contains("belong to no tensor"));
+  }
+  SECTION("trailing bytes after the last tensor") {
+    const auto p = make_file("trailing.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8);
+    CHECK_THAT(error_of(p), Contains("trailing.safetensors") && Contains("8 bytes but its tensors end at 4"));
+  }
+  SECTION("a zero-size tensor inside another") {
+    const auto p = make_file("zero_inside.safetensors",
+                             R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("z":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+                             8);
+    CHECK_THAT(error_of(p), Contains("overlap"));
+  }
+  SECTION("zero-size tensors at either end are fine") {
+    const auto p = make_file("zero_ends.safetensors",
+                             R"({"z0":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+                             R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                             R"("z1":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+                             4);
+    CHECK(error_of(p).empty());
+  }
   SECTION("size disagrees with shape x dtype") {
     const auto p = make_file("size.safetensors", R"({"w":{"dtype":"BF16","shape":[3],"data_offsets":[0,8]}})", 8);
     CHECK_THAT(error_of(p), Contains("tensor 'w'") && Contains("needs 6"));
@@ -217,6 +245,20 @@ TEST_CASE("sharded checkpoints resolve tensors through the index", "[io][safeten
     const std::string bad = dg_test::temp_dir("sharded_escape");
     write_bytes(bad + "/model.safetensors.index.json", R"({"weight_map":{"x":"../etc/passwd"}})");
     CHECK_THROWS_WITH(io::Checkpoint(bad), Contains("must be a file name inside"));
+  }
+  SECTION("model.safetensors beside an index is what transformers reads, so it is what is read") {
+    const std::string both = dg_test::temp_dir("sharded_and_single");
+    s1.write(both + "/model-00001-of-00002.safetensors");
+    s2.write(both + "/model-00002-of-00002.safetensors");
+    write_bytes(both + "/model.safetensors.index.json",
+                R"({"weight_map":{"x":"model-00001-of-00002.safetensors","y":"model-00002-of-00002.safetensors"}})");
+    io::SafetensorsWriter single;
+    const std::vector<float> z{7};
+    single.add("z", {1}, z.data());
+    single.write(both + "/model.safetensors");
+    const io::Checkpoint cb(both);
+    CHECK(cb.num_shards() == 1);
+    CHECK(cb.names() == std::vector<std::string>{"z"});
   }
   SECTION("no checkpoint at all") {
     CHECK_THROWS_WITH(io::Checkpoint(dg_test::temp_dir("nothing")), Contains("neither model.safetensors"));

@@ -20,7 +20,8 @@ namespace diffusion_gemma::io {
 
 namespace detail {
 
-inline RopeConfig parse_rope(const JsonObject& rope_params, const std::string& layer_type_name) {
+inline RopeConfig parse_rope(const JsonObject& rope_params, const std::string& layer_type_name,
+                             double default_partial_rotary_factor) {
   const JsonObject r = rope_params.object(layer_type_name);
   RopeConfig c;
   const std::string type = r.string("rope_type");
@@ -33,7 +34,10 @@ inline RopeConfig parse_rope(const JsonObject& rope_params, const std::string& l
   }
   c.theta = r.number("rope_theta");
   if (!(c.theta > 0.0)) r.fail("rope_theta", "must be positive");
-  c.partial_rotary_factor = r.number_or("partial_rotary_factor", 1.0);
+  // transformers' default RoPE rotates the whole head whatever factor it is handed, so the
+  // text-level fallback only reaches proportional entries.
+  c.partial_rotary_factor = r.number_or(
+      "partial_rotary_factor", c.type == RopeConfig::Type::kDefault ? 1.0 : default_partial_rotary_factor);
   if (!(c.partial_rotary_factor > 0.0 && c.partial_rotary_factor <= 1.0)) {
     r.fail("partial_rotary_factor", "must be in (0, 1] (got ", c.partial_rotary_factor, ")");
   }
@@ -190,9 +194,15 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
   }
   for (auto& s : c.layers) s.has_v_proj = !(k_eq_v && s.type == LayerType::kFull);
 
+  // transformers lets a rope_scaling key replace rope_parameters; refused rather than half-read.
+  reject_if(t, "rope_scaling", t.has_non_null("rope_scaling"),
+            "rope_scaling is not read (transformers lets it replace rope_parameters); give the values as "
+            "rope_parameters");
   const JsonObject rope = t.object("rope_parameters");
-  if (any_sliding) c.rope_sliding = detail::parse_rope(rope, "sliding_attention");
-  if (any_full) c.rope_full = detail::parse_rope(rope, "full_attention");
+  // Gemma 4's config fills a text-level partial_rotary_factor into each RoPE entry that has none.
+  const double partial = dg ? 1.0 : t.number_or("partial_rotary_factor", 1.0);
+  if (any_sliding) c.rope_sliding = detail::parse_rope(rope, "sliding_attention", partial);
+  if (any_full) c.rope_full = detail::parse_rope(rope, "full_attention", partial);
 
   // Features of other Gemma 4 sizes that the 26B-A4B backbone does not have.
   if (!dg) {
@@ -211,6 +221,8 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
       reject_if(t, key, t.integer_or(key, 0) != 0, "not supported by DiffusionGemma");
     }
     c.enable_moe_block = true;  // DiffusionGemma layers always carry the MoE block
+    reject_if(t, "final_logit_softcapping", t.has("final_logit_softcapping") && t.raw("final_logit_softcapping").is_null(),
+              "null is not a softcap DiffusionGemma can run (transformers fails on it); give a number");
     c.final_logit_softcapping = static_cast<float>(t.number_or("final_logit_softcapping", 30.0));
   }
   if (c.enable_moe_block) {

@@ -3,9 +3,10 @@
 // model.safetensors.index.json. Tensors are zero-copy views into read-only memory maps.
 //
 // Every structural property is checked before a view is handed out (header length, UTF-8,
-// JSON shape, dtype, shape, offsets inside the data section, size = numel x element size, no
-// overlaps, no duplicate names), so a corrupt or hostile file yields an Error naming the file and
-// tensor, never an out-of-bounds read.
+// JSON shape, dtype, shape, offsets inside the data section, size = numel x element size, tensors
+// covering the data section exactly, no duplicate names), so a corrupt or hostile file yields an
+// Error naming the file and tensor, never an out-of-bounds read. A directory with both
+// model.safetensors and an index is read from model.safetensors, as transformers reads it.
 #pragma once
 
 #include <algorithm>
@@ -171,17 +172,32 @@ inline std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view h
     e.tensor.nbytes = static_cast<std::size_t>(e.end - e.begin);
     entries.push_back(std::move(e));
   }
+  // The format (and the `safetensors` package, which refuses anything else) requires the tensors,
+  // in offset order, to cover the data section exactly: no overlap, no hole, nothing after the
+  // last one. Bytes no tensor accounts for are how a file hides other content.
   std::vector<const SafetensorsEntry*> by_offset;
   by_offset.reserve(entries.size());
-  for (const auto& e : entries)
-    if (e.end > e.begin) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const SafetensorsEntry* a, const SafetensorsEntry* b) { return a->begin < b->begin; });
-  for (std::size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      throw_error(StatusCode::kFormatError, where, ": tensors '", by_offset[i - 1]->name, "' and '",
-                  by_offset[i]->name, "' overlap in the data section");
+  for (const auto& e : entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](const SafetensorsEntry* a, const SafetensorsEntry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  std::uint64_t covered = 0;
+  const SafetensorsEntry* prev = nullptr;
+  for (const SafetensorsEntry* e : by_offset) {
+    if (e->begin < covered) {
+      throw_error(StatusCode::kFormatError, where, ": tensors '", prev->name, "' and '", e->name,
+                  "' overlap in the data section");
     }
+    if (e->begin > covered) {
+      throw_error(StatusCode::kFormatError, where, ": bytes [", covered, ", ", e->begin, ") of the data section before tensor '",
+                  e->name, "' belong to no tensor");
+    }
+    covered = e->end;
+    prev = e;
+  }
+  if (covered != data_size) {
+    throw_error(StatusCode::kFormatError, where, ": the data section has ", data_size, " bytes but its tensors end at ",
+                covered, " (trailing bytes belong to no tensor)");
   }
   return entries;
 }
@@ -248,16 +264,16 @@ class Checkpoint {
   static constexpr const char* kIndexName = "model.safetensors.index.json";
   static constexpr const char* kSingleName = "model.safetensors";
 
+  // As transformers: model.safetensors when it exists, even beside an index, else the index.
   explicit Checkpoint(const std::string& dir) : dir_(dir) {
+    const std::string single = dir + "/" + kSingleName;
     const std::string index_path = dir + "/" + kIndexName;
-    if (::access(index_path.c_str(), F_OK) == 0) {
+    if (::access(single.c_str(), F_OK) == 0) {
+      add_shard(single);
+    } else if (::access(index_path.c_str(), F_OK) == 0) {
       load_index(index_path);
     } else {
-      const std::string single = dir + "/" + kSingleName;
-      if (::access(single.c_str(), F_OK) != 0) {
-        throw_error(StatusCode::kNotFound, dir, ": neither ", kSingleName, " nor ", kIndexName, " exists");
-      }
-      add_shard(single);
+      throw_error(StatusCode::kNotFound, dir, ": neither ", kSingleName, " nor ", kIndexName, " exists");
     }
   }
 
