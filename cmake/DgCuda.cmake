@@ -25,7 +25,9 @@ if(CUDAToolkit_FOUND)
 endif()
 
 set(DG_CUDA_ENABLED OFF)
-if(NOT DG_CUDA STREQUAL "OFF")
+# enable_language(CUDA) applies to the whole project, and only our own .cu targets need it: a
+# project that pulls the library in (our tests, examples and benchmarks off) is left alone.
+if(NOT DG_CUDA STREQUAL "OFF" AND (DG_BUILD_TESTS OR DG_BUILD_EXAMPLES OR DG_BUILD_BENCHMARKS))
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER AND TARGET diffusion_gemma::cuda)
