@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
+#include <utility>
 #include <vector>
 
 #include <diffusion_gemma/core/math.hpp>
@@ -24,8 +24,12 @@ struct StepView {
 };
 
 // Entropy bound (arXiv 2505.24857, transformers' EntropyBoundSampler): sort positions by entropy
-// (ties: lower position first) and accept the k lowest while the sum of the strictly earlier
-// entropies is <= bound. At least one position is always accepted.
+// and accept the k lowest while the sum of the strictly earlier entropies is <= bound. At least one
+// position is always accepted. Equal entropies are ordered as transformers orders them on the CPU:
+// torch.sort(stable=False) runs std::sort on (entropy, position) pairs compared by entropy alone,
+// so the same std::sort on the same pairs gives the same order (libstdc++; checked against torch
+// 2.15 on tie-heavy rows of 8 to 1000 entries). A tie at the bound decides which of two equally
+// certain positions is accepted.
 struct EntropyBound {
   struct Arguments {
     double entropy_bound = 0.1;
@@ -35,17 +39,20 @@ struct EntropyBound {
     return {};
   }
   struct State {
-    std::vector<int> order;
+    std::vector<std::pair<float, std::int64_t>> order;  // (entropy, position), as torch sorts them
   };
   static void accept(const Arguments& a, const StepView& s, State& st, std::uint8_t* accepted) {
     st.order.resize(static_cast<std::size_t>(s.length));
-    std::iota(st.order.begin(), st.order.end(), 0);
-    std::stable_sort(st.order.begin(), st.order.end(), [&](int x, int y) { return s.entropy[x] < s.entropy[y]; });
+    for (int i = 0; i < s.length; ++i) st.order[static_cast<std::size_t>(i)] = {s.entropy[i], i};
+    std::sort(st.order.begin(), st.order.end(),
+              [](const std::pair<float, std::int64_t>& x, const std::pair<float, std::int64_t>& y) {
+                return x.first < y.first;
+              });
     const float bound = static_cast<float>(a.entropy_bound);
     double cum = 0.0;
     for (int i = 0; i < s.length; ++i) accepted[i] = 0;
     for (int k = 0; k < s.length; ++k) {
-      const int p = st.order[static_cast<std::size_t>(k)];
+      const int p = static_cast<int>(st.order[static_cast<std::size_t>(k)].second);
       cum += s.entropy[p];
       accepted[p] = math::entropy_bound_accepts(cum, s.entropy[p], bound) ? 1 : 0;
     }
