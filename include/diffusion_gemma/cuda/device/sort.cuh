@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Block-level sort of up to kN (entropy, position) keys for the entropy-bound acceptance rule:
-// ascending entropy, lower position first on ties (the CPU's stable sort), NaN after everything
+// ascending entropy, lower position first on ties (a stable order: the CPU policy reproduces the
+// order of transformers' CPU sort among equal entropies, this network does not; docs/sampler.md),
+// NaN after everything
 // (TensorRT-Edge-LLM's "non-finite is worst"). Bitonic network in shared memory; every thread of
 // the block calls it.
 #pragma once
