@@ -145,13 +145,7 @@ struct QuantizationConfig {
   std::string describe() const {
     if (method == QuantMethod::kNone) return "none";
     if (method == QuantMethod::kGptq) {
-      GptqScheme base;
-      base.bits = bits;
-      base.group_size = group_size;
-      base.desc_act = desc_act;
-      base.sym = sym;
-      base.v1 = v1;
-      std::string s = base.describe();
+      std::string s = gptq_base_scheme().describe();
       if (!dynamic.empty()) s += ", " + std::to_string(dynamic.size()) + " dynamic override" + (dynamic.size() > 1 ? "s" : "");
       return s;
     }
@@ -182,12 +176,7 @@ struct QuantizationConfig {
 
   // How GPTQ module `name` is stored: the first `dynamic` rule that matches it, else the config.
   GptqScheme gptq_scheme_of(const std::string& name) const {
-    GptqScheme s;
-    s.bits = bits;
-    s.group_size = group_size;
-    s.desc_act = desc_act;
-    s.sym = sym;
-    s.v1 = v1;
+    GptqScheme s = gptq_base_scheme();
     for (const GptqDynamicRule& rule : dynamic) {
       if (!rule.pattern.matches(name, "")) continue;
       s.rule = rule.key;
@@ -200,12 +189,41 @@ struct QuantizationConfig {
     }
     return s;
   }
+
+  // The config's own GPTQ settings, before any `dynamic` override.
+  GptqScheme gptq_base_scheme() const {
+    GptqScheme s;
+    s.bits = bits;
+    s.group_size = group_size;
+    s.desc_act = desc_act;
+    s.sym = sym;
+    s.v1 = v1;
+    return s;
+  }
 };
 
 // Largest group_size read: model widths are ints, so no group is longer than this.
 constexpr std::int64_t kMaxGroupSize = std::int64_t{1} << 31;
 
 namespace detail {
+
+// Compiles `text` (an exact name, or "re:" and a regular expression) read from `o[key]`, where the
+// file wrote it as `written`; a pattern outside ModulePattern's bounds is refused with its reason.
+inline ModulePattern config_pattern(const JsonObject& o, const std::string& key, const std::string& written,
+                                    const std::string& text) {
+  const std::string shown = written.size() > 80 ? written.substr(0, 80) + "..." : written;
+  if (text.compare(0, 3, "re:") == 0) {
+    if (const char* why = ModulePattern::out_of_bounds(text.substr(3))) {
+      o.fail(key, "pattern '", shown, "' ", why, ", which this library does not match (a config.json may come "
+             "from anywhere; these bounds keep matching linear in the pattern)");
+    }
+  }
+  try {
+    return ModulePattern(text);
+  } catch (const std::regex_error& e) {
+    o.fail(key, "pattern '", shown, "' is not a regular expression this library compiles (", e.what(), ")");
+  }
+}
 
 inline std::vector<ModulePattern> pattern_list(const JsonObject& o, const std::string& key) {
   std::vector<ModulePattern> out;
@@ -215,19 +233,7 @@ inline std::vector<ModulePattern> pattern_list(const JsonObject& o, const std::s
   for (const Json& s : v) {
     if (!s.is_string()) o.fail(key, "expected a list of strings, found ", JsonObject::type_of(s));
     const std::string& text = s.get_ref<const std::string&>();
-    if (text.compare(0, 3, "re:") == 0) {
-      if (const char* why = ModulePattern::out_of_bounds(text.substr(3))) {
-        const std::string shown = text.size() > 80 ? text.substr(0, 80) + "..." : text;
-        o.fail(key, "pattern '", shown, "' ", why, ", which this library does not match (a config.json may come "
-               "from anywhere; these bounds keep matching linear in the pattern)");
-      }
-    }
-    try {
-      out.emplace_back(s.get<std::string>());
-    } catch (const std::regex_error& e) {
-      o.fail(key, "pattern '", s.get<std::string>(), "' is not a regular expression this library compiles (", e.what(),
-             ")");
-    }
+    out.push_back(config_pattern(o, key, text, text));
   }
   return out;
 }
@@ -374,20 +380,10 @@ inline std::vector<GptqDynamicRule> parse_gptq_dynamic(const JsonObject& qc, con
     const Json& value = d.raw(key);
     const bool exclude = key.compare(0, 2, "-:") == 0;
     const std::string body = exclude || key.compare(0, 2, "+:") == 0 ? key.substr(2) : key;
-    if (const char* why = ModulePattern::out_of_bounds(body)) {
-      const std::string shown = key.size() > 80 ? key.substr(0, 80) + "..." : key;
-      d.fail(key, "pattern '", shown, "' ", why, ", which this library does not match (a config.json may come from "
-             "anywhere; these bounds keep matching linear in the pattern)");
-    }
-    std::optional<ModulePattern> pattern;
-    try {
-      pattern.emplace("re:" + body);
-    } catch (const std::regex_error& e) {
-      d.fail(key, "is not a regular expression this library compiles (", e.what(), ")");
-    }
+    ModulePattern pattern = config_pattern(d, key, key, "re:" + body);
     if (!value.is_object()) d.fail(key, "expected an object of overrides, got ", JsonObject::type_of(value));
     const JsonObject o = d.object(key);
-    GptqDynamicRule rule{key, exclude, std::move(*pattern), {}, {}, {}, {}};
+    GptqDynamicRule rule{key, exclude, std::move(pattern), {}, {}, {}, {}};
     for (auto kv = o.raw_begin(); kv != o.raw_end(); ++kv) {
       const std::string& k = kv.key();
       if (k == "adapter" || k == "pack_dtype" || k == "format" || k == "checkpoint_format" || k == "quant_method") {
