@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
       // The released model's sampler defaults, stated explicitly.
       std::ofstream(out + "/generation_config.json")
           << R"({"max_new_tokens": 256, "max_denoising_steps": 48, "t_min": 0.4, "t_max": 0.8, "stability_threshold": 1,)"
-          << R"( "confidence_threshold": 0.005, "sampler_config": {"entropy_bound": 0.1}, "eos_token_id": [1, 106]})" << "\n";
+          << R"( "confidence_threshold": 0.005, "sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.1}, "eos_token_id": [1, 106]})" << "\n";
     }
     std::fprintf(stderr, "make_real_w4a16: wrote %s in %.0f s\n", out.c_str(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -116,6 +116,20 @@ TEST_CASE("transformers' implicit rules: DiffusionGemma's ungated global KV head
   CHECK(c.layers[2].type == LayerType::kFull);
   CHECK(c.layers[2].num_kv_heads == 1);
 
+  // per_layer_config written as null: transformers derives no overrides from the global keys,
+  // so the full layers keep head_dim and num_key_value_heads.
+  Json null_plc = j;
+  null_plc["text_config"]["per_layer_config"] = nullptr;
+  c = io::parse_model_config(null_plc, "config.json");
+  CHECK(c.layers[2].head_dim == 16);
+  CHECK(c.layers[2].num_kv_heads == 2);
+  // With no sliding layer, DiffusionGemma's text-level partial_rotary_factor reaches the full RoPE.
+  Json all_full = j;
+  all_full["text_config"]["layer_types"] = Json::array({"full_attention", "full_attention", "full_attention"});
+  all_full["text_config"]["partial_rotary_factor"] = 0.5;
+  all_full["text_config"]["rope_parameters"]["full_attention"].erase("partial_rotary_factor");
+  CHECK(io::parse_model_config(all_full, "config.json").rope_full.partial_rotary_factor == 0.5);
+
   // DiffusionGemma ties its head by the top-level key alone: a text_config false is not read.
   j["text_config"]["tie_word_embeddings"] = false;
   CHECK(io::parse_model_config(j, "config.json").tie_word_embeddings);
@@ -154,6 +168,15 @@ TEST_CASE("plain Gemma 4 text config, MoE off, with v_proj on full layers", "[io
   CHECK(io::parse_model_config(partial, "config.json").rope_full.partial_rotary_factor == 0.5);
   partial["rope_parameters"]["full_attention"]["partial_rotary_factor"] = 0.25;
   CHECK(io::parse_model_config(partial, "config.json").rope_full.partial_rotary_factor == 0.25);
+  // 0 would be divided by; null is Gemma 4's "no softcap".
+  Json cap = j;
+  cap["final_logit_softcapping"] = 0.0;
+  CHECK_THAT(error_of(cap), Contains("final_logit_softcapping") && Contains("null for none"));
+  cap["final_logit_softcapping"] = nullptr;
+  CHECK(io::parse_model_config(cap, "config.json").final_logit_softcapping == 0.0f);
+  Json shared = j;
+  shared["num_kv_shared_layers"] = nullptr;
+  CHECK_THAT(error_of(shared), Contains("num_kv_shared_layers") && Contains("null"));
   // rope_scaling would replace rope_parameters in transformers: refused by name, not ignored.
   Json scaling = j;
   scaling["rope_scaling"] = j["rope_parameters"];
@@ -215,6 +238,48 @@ TEST_CASE("config errors name the key at fault", "[io][config]") {
   SECTION("a null final_logit_softcapping (transformers fails on it)") {
     j["text_config"]["final_logit_softcapping"] = nullptr;
     CHECK_THAT(error_of(j), Contains("final_logit_softcapping") && Contains("null"));
+  }
+  SECTION("a zero final_logit_softcapping (transformers divides by it)") {
+    j["text_config"]["final_logit_softcapping"] = 0.0;
+    CHECK_THAT(error_of(j), Contains("text_config.final_logit_softcapping") && Contains("divides"));
+  }
+  SECTION("a null RoPE factor (transformers computes with it)") {
+    j["text_config"]["rope_parameters"]["full_attention"]["factor"] = nullptr;
+    CHECK_THAT(error_of(j), Contains("rope_parameters.full_attention.factor") && Contains("null"));
+  }
+  SECTION("a null partial_rotary_factor in a RoPE entry") {
+    j["text_config"]["rope_parameters"]["full_attention"]["partial_rotary_factor"] = nullptr;
+    CHECK_THAT(error_of(j), Contains("rope_parameters.full_attention.partial_rotary_factor") && Contains("null"));
+  }
+  SECTION("a text-level partial_rotary_factor that would reach the sliding RoPE") {
+    j["text_config"]["partial_rotary_factor"] = 0.5;
+    CHECK_THAT(error_of(j), Contains("text_config.partial_rotary_factor") && Contains("sliding"));
+    // The sliding entry's own factor keeps the text-level one away from it.
+    j["text_config"]["rope_parameters"]["sliding_attention"]["partial_rotary_factor"] = 1.0;
+    CHECK(error_of(j).empty());
+  }
+  SECTION("layers of one type with different shapes") {
+    j["text_config"]["per_layer_config"]["0"] = Json::object({{"head_dim", 32}});
+    CHECK_THAT(error_of(j), Contains("layer 1 (sliding attention)") && Contains("layer 0"));
+  }
+  SECTION("the forced last layer without the full layers' override") {
+    j["text_config"]["layer_types"] = Json::array({"full_attention", "sliding_attention", "sliding_attention"});
+    j["text_config"]["per_layer_config"] = Json::parse(R"({"0": {"head_dim": 32, "num_key_value_heads": 1}})");
+    CHECK_THAT(error_of(j), Contains("layer 2 (full attention)"));
+  }
+  SECTION("sampler_config: arguments the sampler class does not take, no class") {
+    const auto gen_error = [](const char* text) {
+      try {
+        io::parse_generation_config(Json::parse(text), "g.json");
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    CHECK_THAT(gen_error(R"({"sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.1, "top_k": 4}})"),
+               Contains("sampler_config.top_k") && Contains("entropy_bound"));
+    CHECK_THAT(gen_error(R"({"sampler_config": {"entropy_bound": 0.1}})"), Contains("sampler_config._cls_name"));
+    CHECK(gen_error(R"({"sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.1}})").empty());
   }
   SECTION("rope_scaling beside rope_parameters") {
     j["text_config"]["rope_scaling"] = Json::object({{"rope_type", "default"}, {"rope_theta", 5.0}});

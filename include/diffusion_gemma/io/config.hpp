@@ -23,6 +23,10 @@ namespace detail {
 inline RopeConfig parse_rope(const JsonObject& rope_params, const std::string& layer_type_name,
                              double default_partial_rotary_factor) {
   const JsonObject r = rope_params.object(layer_type_name);
+  // transformers reads these with dict.get(key, 1.0), so a written null reaches its arithmetic.
+  for (const char* key : {"partial_rotary_factor", "factor"}) {
+    if (r.has(key) && r.raw(key).is_null()) r.fail(key, "null is not a number transformers can compute with; give one");
+  }
   RopeConfig c;
   const std::string type = r.string("rope_type");
   if (type == "default") {
@@ -152,7 +156,11 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
 
   bool k_eq_v = dg;  // DiffusionGemma full layers never have v_proj
   if (!dg) k_eq_v = t.boolean("attention_k_eq_v");
-  if (t.has_non_null("per_layer_config")) {
+  // transformers derives per_layer_config from the global keys only when the key is absent: a
+  // written null means no overrides at all, so every layer keeps head_dim and num_key_value_heads.
+  if (t.has("per_layer_config") && t.raw("per_layer_config").is_null()) {
+    // nothing to apply
+  } else if (t.has("per_layer_config")) {
     const JsonObject plc = t.object("per_layer_config");
     for (auto it = plc.raw_begin(); it != plc.raw_end(); ++it) {
       std::int64_t idx = -1;
@@ -193,6 +201,20 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
     }
   }
   for (auto& s : c.layers) s.has_v_proj = !(k_eq_v && s.type == LayerType::kFull);
+  // transformers builds one RoPE and one attention shape per layer type, and refuses a type whose
+  // layers differ (the forced last layer included).
+  for (int l = 1; l < num_layers; ++l) {
+    for (int first = 0; first < l; ++first) {
+      if (c.layers[first].type != c.layers[l].type) continue;
+      if (c.layers[first].head_dim != c.layers[l].head_dim || c.layers[first].num_kv_heads != c.layers[l].num_kv_heads) {
+        t.fail("per_layer_config", "layer ", l, " (", c.layers[l].type == LayerType::kFull ? "full" : "sliding",
+               " attention) has head_dim ", c.layers[l].head_dim, " and ", c.layers[l].num_kv_heads,
+               " KV heads but layer ", first, " of the same type has ", c.layers[first].head_dim, " and ",
+               c.layers[first].num_kv_heads, "; transformers requires every layer of a type to share its shape");
+      }
+      break;
+    }
+  }
 
   // transformers lets a rope_scaling key replace rope_parameters; refused rather than half-read.
   reject_if(t, "rope_scaling", t.has_non_null("rope_scaling"),
@@ -200,7 +222,14 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
             "rope_parameters");
   const JsonObject rope = t.object("rope_parameters");
   // Gemma 4's config fills a text-level partial_rotary_factor into each RoPE entry that has none.
-  const double partial = dg ? 1.0 : t.number_or("partial_rotary_factor", 1.0);
+  // DiffusionGemma's fills it into the sliding layers' default RoPE too, which narrows that RoPE's
+  // frequencies but not the rotation, and transformers' forward then fails: refused.
+  const double partial = t.number_or("partial_rotary_factor", 1.0);
+  if (dg && any_sliding && partial != 1.0 && !rope.object("sliding_attention").has_non_null("partial_rotary_factor")) {
+    t.fail("partial_rotary_factor", "DiffusionGemma applies a text-level factor (", partial,
+           ") to the sliding layers' default RoPE as well, which transformers cannot run; give it in "
+           "rope_parameters.full_attention instead");
+  }
   if (any_sliding) c.rope_sliding = detail::parse_rope(rope, "sliding_attention", partial);
   if (any_full) c.rope_full = detail::parse_rope(rope, "full_attention", partial);
 
@@ -209,6 +238,8 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
     const std::int64_t ple = t.integer("hidden_size_per_layer_input");
     reject_if(t, "hidden_size_per_layer_input", ple != 0,
               "per-layer input embeddings (PLE) are not supported; expected 0, got " + std::to_string(ple));
+    reject_if(t, "num_kv_shared_layers", t.has("num_kv_shared_layers") && t.raw("num_kv_shared_layers").is_null(),
+              "null is not a layer count (transformers refuses it); give 0");
     reject_if(t, "num_kv_shared_layers", t.integer_or("num_kv_shared_layers", 0) != 0,
               "KV sharing across layers is not supported");
     reject_if(t, "use_double_wide_mlp", t.boolean_or("use_double_wide_mlp", false),
@@ -216,6 +247,8 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
     c.enable_moe_block = t.boolean("enable_moe_block");
     const Json& cap = t.required("final_logit_softcapping");
     c.final_logit_softcapping = cap.is_null() ? 0.0f : static_cast<float>(t.number("final_logit_softcapping"));
+    reject_if(t, "final_logit_softcapping", !cap.is_null() && c.final_logit_softcapping == 0.0f,
+              "0 is not a softcap (transformers divides the logits by it); give null for none");
   } else {
     for (const char* key : {"hidden_size_per_layer_input", "num_kv_shared_layers"}) {
       reject_if(t, key, t.integer_or(key, 0) != 0, "not supported by DiffusionGemma");
@@ -224,6 +257,8 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
     reject_if(t, "final_logit_softcapping", t.has("final_logit_softcapping") && t.raw("final_logit_softcapping").is_null(),
               "null is not a softcap DiffusionGemma can run (transformers fails on it); give a number");
     c.final_logit_softcapping = static_cast<float>(t.number_or("final_logit_softcapping", 30.0));
+    reject_if(t, "final_logit_softcapping", c.final_logit_softcapping == 0.0f,
+              "0 is not a softcap (transformers divides the logits by it); give a positive number");
   }
   if (c.enable_moe_block) {
     c.num_experts = t.int32("num_experts");
@@ -276,7 +311,14 @@ inline GenerationConfig parse_generation_config(const Json& j, const std::string
   g.confidence_threshold = o.number_or("confidence_threshold", g.confidence_threshold);
   if (o.has_non_null("sampler_config")) {
     const JsonObject s = o.object("sampler_config");
-    if (s.has_non_null("_cls_name") && s.string("_cls_name") != "EntropyBoundSamplerConfig") {
+    // transformers instantiates the class `_cls_name` names with the other keys as arguments.
+    if (!s.has_non_null("_cls_name")) s.fail("_cls_name", "missing; transformers needs it to build the sampler");
+    for (auto it = s.raw_begin(); it != s.raw_end(); ++it) {
+      if (it.key() != "_cls_name" && it.key() != "entropy_bound") {
+        s.fail(it.key(), "is not an argument of EntropyBoundSamplerConfig (entropy_bound)");
+      }
+    }
+    if (s.string("_cls_name") != "EntropyBoundSamplerConfig") {
       throw_error(StatusCode::kUnsupported, s.where("_cls_name"), ": sampler '", s.string("_cls_name"),
                   "' is not supported (EntropyBoundSamplerConfig)");
     }
