@@ -129,6 +129,10 @@ int cmd_batch(const std::vector<std::string>& args) {
   const int max_batch = static_cast<int>(f.integer("max-batch", 16, 1, 1024));
   const std::string input = f.str("input");
   const std::string text = dg::io::read_text_file(input);  // names the file when it is missing or not a file
+  // Flags that need no model are checked before the (possibly long) load.
+  const dg::cpu::EngineOptions engine_opts = engine_options(f, dg::cpu::EngineOptions{}.precision);
+  const std::size_t budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
+  const std::uint64_t seed = f.unsigned_integer("seed", 0);
   auto model = load_model(dir, f.flag("check-weights"));
   const auto& cfg = model->config();
   if (!cfg.is_diffusion()) throw UsageError(dir + " is not a DiffusionGemma checkpoint (model_type diffusion_gemma)");
@@ -136,7 +140,7 @@ int cmd_batch(const std::vector<std::string>& args) {
 
   Options defaults = dg::default_decode_options<Batcher::Sampler, Batcher::Scheduler>(model->generation_config());
   apply_sampler_flags(f, cfg.vocab_size, defaults);
-  defaults.sampler.rng.seed = f.unsigned_integer("seed", 0);
+  defaults.sampler.rng.seed = seed;
   PromptFormat format;
   format.chat = f.flag("chat");
   format.think = f.flag("think");
@@ -158,18 +162,12 @@ int cmd_batch(const std::vector<std::string>& args) {
     items.back().line = line_no;
   }
   if (items.empty()) throw UsageError(input + ": no prompts (one JSON value per line)");
-  // The output too: a path that cannot be written fails now, not after the last prompt.
-  std::ofstream file;
-  if (f.has("output")) {
-    file.open(f.str("output"), std::ios::binary | std::ios::trunc);
-    if (!file) throw dg::Error(dg::StatusCode::kNotFound, f.str("output") + ": cannot be written");
-  }
-
-  Engine engine(model, engine_options(f, dg::cpu::EngineOptions{}.precision));
+  if (f.has("output")) require_writable(f.str("output"));  // now, not after the last prompt
+  Engine engine(model, engine_opts);
   Batcher::Limits limits;
   limits.max_batch = max_batch;
   limits.max_queue = items.size();
-  limits.memory_budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
+  limits.memory_budget_bytes = budget_bytes;
   Batcher batcher(engine, limits);
   std::size_t finished = 0;
   std::int64_t tokens = 0;
@@ -211,6 +209,13 @@ int cmd_batch(const std::vector<std::string>& args) {
     } catch (const dg::Error& e) {
       throw dg::Error(e.code(), items[i].where + ": " + e.what());
     }
+  }
+  // The output is opened (and truncated: it may be the input) only once every flag and line has
+  // passed, still before any work.
+  std::ofstream file;
+  if (f.has("output")) {
+    file.open(f.str("output"), std::ios::binary | std::ios::trunc);
+    if (!file) throw dg::Error(dg::StatusCode::kNotFound, f.str("output") + ": cannot be written");
   }
   const auto t0 = std::chrono::steady_clock::now();
   // Progress: a line redrawn in place on a terminal; in a log, a line every 10 seconds.

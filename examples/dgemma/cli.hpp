@@ -119,7 +119,7 @@ class Flags {
   // A comma-separated list of integers in [lo, hi].
   std::vector<std::int64_t> integers(const std::string& name, std::int64_t lo, std::int64_t hi) const {
     std::vector<std::int64_t> out;
-    const std::string v = str(name);
+    const std::string v = required(name);
     std::size_t start = 0;
     while (start <= v.size()) {
       const std::size_t comma = v.find(',', start);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <diffusion_gemma/cpu/engine.hpp>
@@ -41,6 +42,25 @@ inline std::string decode_known(const diffusion_gemma::io::Tokenizer& tok, const
 }
 
 inline bool stderr_is_terminal() { return ::isatty(2) == 1; }
+
+// Fails, naming `path`, when an output file could not be opened for writing; finds that out
+// without creating or truncating anything, so that it can run before a long job whose later
+// checks may still refuse it (and `path` may be the job's own input).
+inline void require_writable(const std::string& path) {
+  struct stat st {};
+  const auto fail = [&](const std::string& why) {
+    throw diffusion_gemma::Error(diffusion_gemma::StatusCode::kNotFound, path + ": cannot be written (" + why + ")");
+  };
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) fail("it is a directory");
+    if (::access(path.c_str(), W_OK) != 0) fail("no write permission");
+    return;
+  }
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) fail(dir + " is not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) fail("no write permission in " + dir);
+}
 
 // The checkpoint's tokenizer.json, or null when it has none (a model driven by token ids only).
 inline std::unique_ptr<diffusion_gemma::io::Tokenizer> load_tokenizer_if_present(const std::string& dir) {
@@ -107,8 +127,9 @@ inline std::shared_ptr<const diffusion_gemma::cpu::Model> load_model(const std::
 inline std::vector<FlagSpec> engine_flag_specs(const char* default_precision) {
   return {
       {"threads", "N", "CPU threads (default: all)"},
-      {"precision", "P", std::string("exact (fp32 activations) or fast (bf16 products on AMX tiles where the CPU has "
-                                     "them); default ") + default_precision},
+      {"precision", "P", std::string("exact (fp32 activations) or fast (bf16 products on AMX tiles or AVX512-BF16 "
+                                     "dot products, int8 activations for 4-bit weights, where the CPU has them); "
+                                     "default ") + default_precision},
   };
 }
 

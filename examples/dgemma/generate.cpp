@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -25,6 +26,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "serve/text_stream.hpp"
 
 namespace dgemma {
 
@@ -194,6 +196,11 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (sources != 1) throw UsageError("give exactly one of --prompt, --prompt-file, --prompt-ids");
   if ((f.has("system") || f.flag("think")) && !f.flag("chat")) throw UsageError("--system and --think need --chat");
   const std::string dir = f.str("model", DG_DEFAULT_MODEL_DIR);
+  // Flags that need no model are checked before the (possibly long) load.
+  const dg::cpu::EngineOptions engine_opts = engine_options(f, dg::cpu::EngineOptions{}.precision);
+  const std::uint64_t seed = f.unsigned_integer("seed", 0);
+  const std::size_t budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
+  const int view_delay_ms = static_cast<int>(f.integer("view-delay", 0, 0, 10000));
   auto model = load_model(dir, f.flag("check-weights"));
   const auto& cfg = model->config();
   if (!cfg.is_diffusion()) throw UsageError(dir + " is not a DiffusionGemma checkpoint (model_type diffusion_gemma)");
@@ -217,22 +224,31 @@ int cmd_generate(const std::vector<std::string>& args) {
   using TextDecoder = dg::Decoder<dg::cpu::Engine<dg::DiffusionGemmaBackbone>>;
   auto o = TextDecoder::default_options(model->generation_config());
   apply_sampler_flags(f, cfg.vocab_size, o);
-  o.sampler.rng.seed = f.unsigned_integer("seed", 0);
-  o.memory_budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
-  TextDecoder decoder(model, engine_options(f, dg::cpu::EngineOptions{}.precision));
+  o.sampler.rng.seed = seed;
+  o.memory_budget_bytes = budget_bytes;
+  TextDecoder decoder(model, engine_opts);
   const auto plan = decoder.plan(static_cast<std::int64_t>(prompt.size()), o);  // refuse before any work
 
   const bool json = f.flag("json");
   const bool view_on = !json && f.flag("view", stderr_is_terminal() && ::isatty(1) == 1);
-  std::unique_ptr<dg::io::TraceWriter> trace;
+  std::unique_ptr<dg::io::TraceWriter> trace;  // opened (truncated) once every flag has passed
   if (f.has("trace")) trace = std::make_unique<dg::io::TraceWriter>(f.str("trace"));
   CanvasView view(tok.get(), terminal_width());
-  const int view_delay_ms = static_cast<int>(f.integer("view-delay", 0, 0, 10000));
 
   g_interrupted = false;
   auto previous = std::signal(SIGINT, on_sigint);
-  std::vector<std::int32_t> committed;
-  std::string printed;
+  // Holds back text that later canvases can still change (a UTF-8 character split across
+  // canvases, a byte-fallback run), so the printed text always equals the final answer's.
+  dgemma::serve::TextAssembler stream(
+      [&tok](const std::vector<std::int32_t>& ids) { return decode_known(*tok, ids); }, {},
+      std::numeric_limits<int>::max(),
+      [&tok](std::int32_t id) { return tok->has_id(id) && tok->decodes_with_next(id); });
+  const auto print_text = [&](const std::string& delta) {
+    if (delta.empty()) return;
+    std::fputs(delta.c_str(), stdout);
+    std::fflush(stdout);
+    view.after_text(delta);
+  };
   dg::Callbacks cb;
   cb.on_step = [&](const dg::StepEvent& e) {
     if (trace) trace->write(e.record);
@@ -244,22 +260,14 @@ int cmd_generate(const std::vector<std::string>& args) {
   };
   cb.on_commit = [&](const dg::CommitEvent& e) {
     if (trace) trace->write(e.record);
-    committed.insert(committed.end(), e.tokens, e.tokens + e.valid_tokens);
     if (view_on) view.erase();
     if (!json) {
-      // Decode everything committed so far and print what is new (byte pieces may join across canvases).
-      std::string text;
       if (tok) {
-        text = decode_known(*tok, committed);
+        print_text(stream.add(e.tokens, e.valid_tokens, false, e.final).text);
       } else {
-        for (auto t : committed) text += std::to_string(t) + " ";
-      }
-      if (text.size() >= printed.size() && text.compare(0, printed.size(), printed) == 0) {
-        const std::string delta = text.substr(printed.size());
-        std::fputs(delta.c_str(), stdout);
-        std::fflush(stdout);
-        view.after_text(delta);
-        printed = text;
+        std::string ids;
+        for (int i = 0; i < e.valid_tokens; ++i) ids += std::to_string(e.tokens[i]) + " ";
+        print_text(ids);
       }
     }
     return !g_interrupted.load();
@@ -267,6 +275,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   const dg::GenerationResult r = decoder.generate(prompt, o, cb);
   std::signal(SIGINT, previous);
   if (view_on) view.erase();
+  if (!json && tok && !stream.finished()) print_text(stream.add(nullptr, 0, false, true).text);  // cancelled
   if (trace) trace->write_summary(r);
 
   const std::vector<std::int32_t> out = r.text_tokens();

@@ -36,7 +36,8 @@ const char* kUsage =
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::cout << kUsage;
+    // Without a command the usage is the error message, so it goes where errors go.
+    (args.empty() ? std::cerr : std::cout) << kUsage;
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "--version") {

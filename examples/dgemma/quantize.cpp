@@ -95,8 +95,11 @@ void write_text(const std::string& path, const std::string& text) {
 void copy_file(const std::string& from, const std::string& to) {
   std::ifstream in(from, std::ios::binary);
   std::ofstream out(to, std::ios::binary);
-  out << in.rdbuf();
-  if (!in || !out) throw dg::Error(dg::StatusCode::kIoError, "cannot copy " + from + " to " + to);
+  // An empty file reads as "no characters inserted", which sets failbit on `out`: not an error.
+  if (in && in.peek() != std::ifstream::traits_type::eof()) out << in.rdbuf();
+  out.flush();
+  if (!in.good() && !in.eof()) throw dg::Error(dg::StatusCode::kIoError, "cannot read " + from);
+  if (!out) throw dg::Error(dg::StatusCode::kIoError, "cannot copy " + from + " to " + to);
 }
 
 // The output directory: created, or an existing empty one. A directory that holds anything is
@@ -359,6 +362,11 @@ int cmd_dequantize(const std::vector<std::string>& args) {
     return 0;
   }
   const dg::io::LoadedCheckpoint c = dg::io::load_checkpoint(f.required("model"));
+  if (!c.quantization.quantized()) {
+    throw dg::Error(dg::StatusCode::kInvalidArgument, f.str("model") + ": the checkpoint is not quantized (config.json "
+                    "has no quantization_config): nothing to dequantize");
+  }
+  const std::string out_path = f.required("out");
   dg::io::SafetensorsWriter out;
   std::size_t count = 0;
   std::function<void(const dg::Weight&)> visit = [&](const dg::Weight& w) {
@@ -380,8 +388,8 @@ int cmd_dequantize(const std::vector<std::string>& args) {
     ++count;
   };
   dg::for_each_parameter(c.config, c.weights, [&](const dg::ParamSpec&, const dg::Weight& w) { visit(w); });
-  out.write(f.required("out"));
-  std::fprintf(stderr, "dequantize: wrote %zu matrices to %s\n", count, f.str("out").c_str());
+  out.write(out_path);
+  std::fprintf(stderr, "dequantize: wrote %zu matrices to %s\n", count, out_path.c_str());
   return 0;
 }
 

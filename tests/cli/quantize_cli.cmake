@@ -80,4 +80,16 @@ expect_failure("not a directory" quantize --model ${FIXTURES}/quant/base --out $
 # An existing empty directory is fine.
 file(MAKE_DIRECTORY "${WORK}/empty")
 run(quantize --model ${FIXTURES}/quant/base --out ${WORK}/empty --scheme fp8)
+# Every file of the source folder is copied, an empty one too (it used to fail the run at its end).
+file(COPY "${FIXTURES}/quant/base/" DESTINATION "${WORK}/with_empty_file")
+file(WRITE "${WORK}/with_empty_file/empty_notes.txt" "")
+run(quantize --model ${WORK}/with_empty_file --out ${WORK}/from_empty_file --scheme fp8)
+if(NOT EXISTS "${WORK}/from_empty_file/empty_notes.txt")
+  message(FATAL_ERROR "dgemma quantize did not copy an empty file")
+endif()
+# dequantize on a checkpoint that is not quantized says so instead of writing an empty file.
+expect_failure("not quantized" dequantize --model ${FIXTURES}/quant/base --out ${WORK}/nothing.safetensors)
+if(EXISTS "${WORK}/nothing.safetensors")
+  message(FATAL_ERROR "dgemma dequantize wrote a file for a checkpoint that is not quantized")
+endif()
 message(STATUS "dgemma quantize: all checks passed")

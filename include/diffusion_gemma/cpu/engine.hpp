@@ -42,7 +42,7 @@
 namespace diffusion_gemma::cpu {
 
 struct EngineOptions {
-  int threads = 0;                     // 0: the OpenMP default (OMP_NUM_THREADS or the core count)
+  int threads = 0;                     // 0: OMP_NUM_THREADS if set, else the core count
   std::int64_t max_pass_tokens = 256;  // longer encoder inputs run in chunks of this size (exact: causal)
   // fast: bf16 products on AMX tiles where the CPU has them (the same as exact elsewhere); its
   // measured quality on the bundled model is within 1 point of exact on every task
