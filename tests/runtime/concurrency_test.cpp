@@ -12,7 +12,8 @@
 #include "support/paths.hpp"
 
 using namespace diffusion_gemma;
-using TestDecoder = Decoder<cpu::Engine<DiffusionGemmaBackbone>>;
+using Engine = cpu::Engine<DiffusionGemmaBackbone>;
+using TestDecoder = Decoder<Engine>;
 
 namespace {
 
@@ -122,4 +123,75 @@ TEST_CASE("a callback can cancel; what was committed is kept", "[runtime][cancel
   const auto r2 = d.generate(prompt, o, cb2);
   CHECK(r2.finish == Finish::kCancelled);
   CHECK(r2.canvases.size() == 1);
+  // Asking to stop at the last canvas's commit cancels nothing: the generation ended as it would.
+  auto one = o;
+  one.scheduler.max_new_tokens = model->config().canvas_length;
+  const auto whole = d.generate(prompt, one);
+  const auto r3 = d.generate(prompt, one, cb2);
+  CHECK(r3.finish == whole.finish);
+  CHECK(r3.finish != Finish::kCancelled);
+  CHECK(r3.tokens == whole.tokens);
+}
+
+TEST_CASE("a callback cannot start a generation on the Decoder that runs it", "[runtime][cancel]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  TestDecoder d(model);
+  auto o = d.default_options(model->generation_config());
+  o.sampler.max_denoising_steps = 3;
+  o.scheduler.max_new_tokens = model->config().canvas_length;
+  const std::vector<std::int32_t> prompt{2, 40, 7, 99};
+  const auto alone = d.generate(prompt, o);
+  Callbacks cb;
+  cb.on_step = [&](const StepEvent&) {
+    d.generate(prompt, o);  // would overwrite the running canvas's self-conditioning state
+    return true;
+  };
+  CHECK_THROWS_WITH(d.generate(prompt, o, cb), Catch::Matchers::Contains("called from a callback"));
+  CHECK(d.generate(prompt, o).tokens == alone.tokens);  // usable again afterwards
+}
+
+TEST_CASE("a request cancelled between its canvas's last step and the commit keeps no uncommitted token",
+          "[runtime][cancel]") {
+  // The batcher cancels between steps, so a sequence can be cancelled with a finalised canvas
+  // waiting for its causal re-encode: on_commit never showed that canvas, so the result must not
+  // hold it either.
+  using Seq = Sequence<Engine, ReferenceSampler, CanvasScheduler<>>;
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  TestDecoder d(model);
+  auto o = d.default_options(model->generation_config());
+  o.sampler.max_denoising_steps = 4;
+  o.scheduler.max_new_tokens = 3 * model->config().canvas_length;
+  o.scheduler.stop_token_ids = {};
+  const std::vector<std::int32_t> prompt{2, 40, 7, 99};
+  Engine& engine = d.engine();
+  std::vector<std::int32_t> streamed;
+  Callbacks cb;
+  cb.on_commit = [&](const CommitEvent& e) {
+    streamed.insert(streamed.end(), e.tokens, e.tokens + e.valid_tokens);
+    return true;
+  };
+  Seq s(engine, prompt, o, cb);
+  s.start(engine);
+  int commits_encoded = 0;
+  while (s.work() != Seq::Work::kDone) {
+    if (s.work() == Seq::Work::kEncode) {
+      auto it = s.encode_item();
+      if (it.n == model->config().canvas_length && ++commits_encoded == 2) {
+        s.cancel();  // canvas 1 is final but not committed
+        break;
+      }
+      engine.encode(it.ids, it.n, *it.cache);
+      s.encoded();
+    } else {
+      auto it = s.template denoise_item<void>(nullptr);
+      engine.denoise_step(it.canvas, it.n, it.first_step, *it.cache, it.args, *it.stats);
+      s.denoised();
+    }
+  }
+  const GenerationResult r = s.take_result();
+  CHECK(r.finish == Finish::kCancelled);
+  REQUIRE(r.canvases.size() == 2);
+  CHECK(r.canvases[1].stop == CanvasStop::kCancelled);
+  CHECK(r.tokens.size() == static_cast<std::size_t>(model->config().canvas_length));
+  CHECK(r.text_tokens() == streamed);
 }

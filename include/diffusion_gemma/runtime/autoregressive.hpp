@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -45,12 +46,17 @@ class AutoregressiveDecoder {
     const std::int64_t P = static_cast<std::int64_t>(prompt.size());
     if (o.max_new_tokens <= 0) throw_error(StatusCode::kInvalidArgument, "max new tokens must be positive");
     if (P <= 0) throw_error(StatusCode::kInvalidArgument, "the prompt is empty");
-    check_token_ids(cfg, prompt.data(), P, "prompt");
-    if (P + o.max_new_tokens > cfg.max_position_embeddings) {
-      throw_error(StatusCode::kOutOfRange, "prompt ", P, " + ", o.max_new_tokens, " new tokens exceed max_position_embeddings ",
-                  cfg.max_position_embeddings);
+    if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature)) {
+      throw_error(StatusCode::kInvalidArgument, "temperature must be finite and >= 0 (0: greedy), got ", o.temperature);
     }
-    auto cache = engine_.make_cache(P + o.max_new_tokens);
+    check_token_ids(cfg, prompt.data(), P, "prompt");
+    // The last new token is returned, never encoded: positions run to P + max_new_tokens - 2.
+    const std::int64_t encoded = P + o.max_new_tokens - 1;
+    if (encoded > cfg.max_position_embeddings) {
+      throw_error(StatusCode::kOutOfRange, "prompt ", P, " + ", o.max_new_tokens, " new tokens need ", encoded,
+                  " positions, more than max_position_embeddings ", cfg.max_position_embeddings);
+    }
+    auto cache = engine_.make_cache(encoded);
     std::vector<float> hidden(static_cast<std::size_t>(P * cfg.hidden_size));
     engine_.encode(prompt.data(), P, cache, hidden.data());
     GenerationResult r;
@@ -68,6 +74,7 @@ class AutoregressiveDecoder {
       engine_.vocab_pass(h.data(), 1, va, stats);
       const std::int32_t next = va.sample ? stats.sample[0] : stats.argmax[0];
       r.tokens.push_back(next);
+      if (r.forwards == 0) r.first_commit_seconds = std::chrono::duration<double>(clock::now() - t0).count();
       ++r.forwards;
       if (std::find(o.stop_token_ids.begin(), o.stop_token_ids.end(), next) != o.stop_token_ids.end()) {
         r.finish = Finish::kStopToken;

@@ -60,8 +60,19 @@ class Decoder {
   }
 
   // One sequence, run with the engine's single-sequence calls (the engine keeps the
-  // self-conditioning state between the steps of a canvas).
+  // self-conditioning state between the steps of a canvas). Not reentrant: a callback that calls
+  // generate on the same Decoder would overwrite that state under the running generation, so it is
+  // refused (another Decoder, or a BatchDecoder, runs sequences side by side).
   GenerationResult generate(const std::vector<std::int32_t>& prompt, const Options& o, const Callbacks& cb = {}) {
+    if (running_) {
+      throw_error(StatusCode::kInvalidArgument,
+                  "Decoder::generate called from a callback of a generation running on the same Decoder");
+    }
+    struct Running {
+      bool& flag;
+      explicit Running(bool& f) : flag(f) { flag = true; }
+      ~Running() { flag = false; }
+    } running(running_);
     Sequence<Engine, Sampler, Scheduler> seq(engine_, prompt, o, cb);
     seq.start(engine_);
     while (seq.work() != Sequence<Engine, Sampler, Scheduler>::Work::kDone) {
@@ -80,6 +91,7 @@ class Decoder {
 
  private:
   Engine engine_;
+  bool running_ = false;
 };
 
 }  // namespace diffusion_gemma

@@ -254,6 +254,13 @@ class Sequence {
   void cancel() {
     if (work_ == Work::kDone) return;
     if ((work_ == Work::kDenoise || committing_) && !rec_recorded_) {
+      if (committing_) {
+        // Finalised but not committed (no on_commit has shown it): its tokens leave the result,
+        // as a canvas cancelled while denoising has none, so a stream and the result agree.
+        result_.tokens.resize(result_.tokens.size() - static_cast<std::size_t>(C_));
+        rec_.valid_tokens = 0;
+        rec_.stop_token = false;
+      }
       rec_.stop = CanvasStop::kCancelled;
       rec_.seconds = since(tc_);
       result_.canvases.push_back(rec_);
@@ -319,7 +326,7 @@ class Sequence {
     if (b_ == 0) result_.first_commit_seconds = since(t0_);
     if (callbacks_.on_commit &&
         !callbacks_.on_commit(CommitEvent{result_.canvases.back(), draft_.data(), rec_.valid_tokens, finished_ || last_})) {
-      cancelled_ = true;
+      cancelled_ = !(finished_ || last_);  // after the last canvas there is nothing left to cancel
       finish();
       return;
     }

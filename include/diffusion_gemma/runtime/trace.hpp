@@ -79,8 +79,10 @@ struct GenerationResult {
   double prefill_seconds = 0.0;
   double first_commit_seconds = 0.0;  // from the call to the first committed canvas
 
-  // The generated tokens a user reads: up to and including the first stop id.
+  // The generated tokens a user reads: up to and including the first stop id. An autoregressive
+  // result has no canvases, and its tokens already end at the stop id.
   std::vector<std::int32_t> text_tokens() const {
+    if (canvases.empty()) return tokens;
     std::vector<std::int32_t> out;
     std::size_t offset = 0;
     for (const auto& c : canvases) {
