@@ -296,6 +296,23 @@ TEST_CASE("malformed tokenizer.json files are format errors that name the key", 
     j["post_processor"]["single"][0]["SpecialToken"]["id"] = "<nope>";
     CHECK_THROWS_WITH(Tokenizer::from_json(j, "t.json"), Contains("'<nope>' is not in special_tokens"));
   }
+  SECTION("template that uses the text other than once") {
+    // `tokenizers` would repeat the text (twice) or drop it (never), even without special tokens.
+    Json j = base;
+    j["post_processor"]["single"].push_back(Json::parse(R"({"Sequence": {"id": "A", "type_id": 0}})"));
+    CHECK_THROWS_WITH(Tokenizer::from_json(j, "t.json"), Contains("t.json: post_processor.single") && Contains("2 times"));
+    j["post_processor"]["single"] = Json::parse(R"([{"SpecialToken": {"id": "<bos>", "type_id": 0}}])");
+    CHECK_THROWS_WITH(Tokenizer::from_json(j, "t.json"), Contains("0 times"));
+  }
+  SECTION("an added token listed twice with different flags") {
+    Json j = base;
+    Json again = j["added_tokens"][5];
+    again["normalized"] = !again["normalized"].get<bool>();
+    j["added_tokens"].push_back(again);
+    CHECK_THROWS_WITH(Tokenizer::from_json(j, "t.json"), Contains("is listed again with different"));
+    j["added_tokens"].back() = j["added_tokens"][5];  // the same entry twice is harmless
+    CHECK_NOTHROW(Tokenizer::from_json(j, "t.json"));
+  }
   SECTION("missing model") {
     Json j = base;
     j.erase("model");

@@ -347,6 +347,14 @@ class Tokenizer {
       tok.special = o.boolean_or("special", false);
       const auto existing = added_by_content_.find(tok.content);
       if (existing != added_by_content_.end()) {
+        // `tokenizers` keeps parts of the first entry and takes others from the later one, so
+        // decoding can differ from what either entry says: a repeat must say the same thing.
+        const AddedToken& first = added_[existing->second];
+        if (first.lstrip != tok.lstrip || first.rstrip != tok.rstrip || first.normalized != tok.normalized ||
+            first.special != tok.special) {
+          throw_error(StatusCode::kUnsupported, o.where("content"), ": added token '", tok.content,
+                      "' is listed again with different lstrip/rstrip/normalized/special flags");
+        }
         tok.id = added_[existing->second].id;
       } else {
         const int model_id = model_.token_to_id(tok.content);

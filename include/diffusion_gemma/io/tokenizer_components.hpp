@@ -425,6 +425,13 @@ class PostProcessor {
       }
       p.single_.push_back(std::move(out));
     }
+    // `tokenizers` runs the single template even without special tokens, keeping only its
+    // sequence pieces: a template with $A other than once would then repeat or drop the text.
+    const auto sequences = std::count_if(p.single_.begin(), p.single_.end(), [](const Piece& x) { return x.sequence; });
+    if (sequences != 1) {
+      o.fail("single", "the template uses the text (sequence A) ", sequences,
+             " times; only templates that use it exactly once are supported");
+    }
     return p;
   }
 
