@@ -133,6 +133,7 @@ int cmd_batch(const std::vector<std::string>& args) {
   const dg::cpu::EngineOptions engine_opts = engine_options(f, dg::cpu::EngineOptions{}.precision);
   const std::size_t budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
   const std::uint64_t seed = f.unsigned_integer("seed", 0);
+  if (f.has("output")) refuse_overwriting_checkpoint("output", f.str("output"), dir);
   auto model = load_model(dir, f.flag("check-weights"));
   const auto& cfg = model->config();
   if (!cfg.is_diffusion()) throw UsageError(dir + " is not a DiffusionGemma checkpoint (model_type diffusion_gemma)");

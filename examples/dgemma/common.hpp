@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,6 +61,34 @@ inline void require_writable(const std::string& path) {
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) fail(dir + " is not a directory");
   if (::access(dir.c_str(), W_OK | X_OK) != 0) fail("no write permission in " + dir);
+}
+
+// Refuses an output path that names a file of the checkpoint directory: the weights are
+// memory-mapped, so truncating model.safetensors under the running model kills the process with
+// SIGBUS and leaves the checkpoint empty (and no output belongs over config.json or tokenizer.json).
+// Compares device and inode, so another spelling, a symlink or a hard link is caught too. Inputs
+// read whole before the output opens (a batch's prompts) may be overwritten, as `sort -o` allows.
+inline void refuse_overwriting_checkpoint(const std::string& flag, const std::string& path, const std::string& model_dir) {
+  struct stat out {};
+  if (::stat(path.c_str(), &out) != 0) return;  // a new file
+  DIR* d = ::opendir(model_dir.c_str());
+  if (d == nullptr) return;
+  std::string hit;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    struct stat st {};
+    if (name != "." && name != ".." && ::stat((model_dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_dev == out.st_dev && st.st_ino == out.st_ino) {
+      hit = name;
+      break;
+    }
+  }
+  ::closedir(d);
+  if (!hit.empty()) {
+    throw diffusion_gemma::Error(diffusion_gemma::StatusCode::kInvalidArgument,
+                                 "--" + flag + " " + path + " is the checkpoint's own " + model_dir + "/" + hit +
+                                     ": refusing to overwrite it");
+  }
 }
 
 // The checkpoint's tokenizer.json, or null when it has none (a model driven by token ids only).

@@ -201,6 +201,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   const std::uint64_t seed = f.unsigned_integer("seed", 0);
   const std::size_t budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
   const int view_delay_ms = static_cast<int>(f.integer("view-delay", 0, 0, 10000));
+  if (f.has("trace")) refuse_overwriting_checkpoint("trace", f.str("trace"), dir);
   auto model = load_model(dir, f.flag("check-weights"));
   const auto& cfg = model->config();
   if (!cfg.is_diffusion()) throw UsageError(dir + " is not a DiffusionGemma checkpoint (model_type diffusion_gemma)");

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dgemma info, tokenize and detokenize.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -13,6 +14,7 @@
 #include <diffusion_gemma/cpu/engine.hpp>
 #include <diffusion_gemma/cpu/isa.hpp>
 #include <diffusion_gemma/cpu/kv_cache.hpp>
+#include <diffusion_gemma/io/binder.hpp>
 #include <diffusion_gemma/io/config.hpp>
 #include <diffusion_gemma/io/quantization_config.hpp>
 #include <diffusion_gemma/io/weights.hpp>
@@ -98,7 +100,7 @@ int cmd_info(const std::vector<std::string>& args) {
   const ParamCounts p = count_params(c);
 
   // Weights: the files when present (the CPU back-end uses them in place), else the config's dtype.
-  double stored = 0;
+  double stored = 0, unloaded = 0;
   std::size_t files = 0;
   const bool has_weights = ::access((dir + "/model.safetensors").c_str(), F_OK) == 0 ||
                            ::access((dir + "/model.safetensors.index.json").c_str(), F_OK) == 0;
@@ -107,7 +109,10 @@ int cmd_info(const std::vector<std::string>& args) {
   std::string bind_error;
   if (has_weights) {
     const dg::io::Checkpoint ckpt(dir);
-    for (const auto& n : ckpt.names()) stored += static_cast<double>(ckpt.find(n)->tensor.nbytes);
+    for (const auto& n : ckpt.names()) {
+      // Vision and audio towers stay in the files but are never loaded (a text-only backbone).
+      (dg::io::detail::is_vision_tensor(n) ? unloaded : stored) += static_cast<double>(ckpt.find(n)->tensor.nbytes);
+    }
     files = ckpt.num_shards();
     try {
       dg::io::bind_weights(ckpt, c, quant, &bound);
@@ -122,15 +127,25 @@ int cmd_info(const std::vector<std::string>& args) {
   // defaults fit max_position_embeddings (a 1024-token prompt where it leaves room for the new
   // tokens, else the longest that does); values given that do not fit are refused, since no
   // generation could need that memory.
+  using CpuEngine = dg::cpu::Engine<dg::DiffusionGemmaBackbone>;
+  if (c.enable_moe_block && c.top_k_experts > CpuEngine::kMaxTopK) {  // as the engine refuses it
+    throw dg::Error(dg::StatusCode::kUnsupported, c.source + ": top_k_experts " + std::to_string(c.top_k_experts) +
+                                                      " exceeds " + std::to_string(CpuEngine::kMaxTopK));
+  }
   const std::int64_t C = c.is_diffusion() ? c.canvas_length : 1;
-  const std::int64_t max_pos = c.max_position_embeddings;
+  // Token counts are 32-bit in a generation; larger values would also overflow the byte counts.
+  const std::int64_t max_pos = std::min<std::int64_t>(c.max_position_embeddings, INT32_MAX);
   const auto whole_canvases = [C](std::int64_t tokens) { return (tokens + C - 1) / C * C; };
   const std::int64_t new_fit = std::max<std::int64_t>(C, (max_pos - 1) / C * C);  // leaves one prompt token
-  const std::int64_t new_tokens =
-      f.integer("max-new-tokens", std::min<std::int64_t>(g.max_new_tokens, new_fit), 1, max_pos);
-  const std::int64_t prompt =
-      f.integer("prompt-tokens", std::max<std::int64_t>(1, std::min<std::int64_t>(1024, max_pos - whole_canvases(new_tokens))),
-                1, max_pos);
+  // generation_config.json's max_length, as a generation applies it: it replaces a max_new_tokens
+  // left at its default (and then the default prompt is kept short enough to leave it a token).
+  const bool length_bounded = c.is_diffusion() && g.max_length > 0 && !f.has("max-new-tokens") &&
+                              g.max_new_tokens == GenerationConfig::kDefaultMaxNewTokens;
+  std::int64_t new_tokens = f.integer("max-new-tokens", std::min<std::int64_t>(g.max_new_tokens, new_fit), 1, max_pos);
+  std::int64_t prompt_default = std::max<std::int64_t>(1, std::min<std::int64_t>(1024, max_pos - whole_canvases(new_tokens)));
+  if (length_bounded) prompt_default = std::max<std::int64_t>(1, std::min<std::int64_t>(prompt_default, g.max_length - 1));
+  const std::int64_t prompt = f.integer("prompt-tokens", prompt_default, 1, max_pos);
+  if (length_bounded) new_tokens = std::max<std::int64_t>(1, g.max_length - prompt);
   if (prompt + whole_canvases(new_tokens) > max_pos) {
     throw dg::Error(dg::StatusCode::kInvalidArgument,
                     "a " + std::to_string(prompt) + "-token prompt + " + std::to_string(new_tokens) +
@@ -138,11 +153,21 @@ int cmd_info(const std::vector<std::string>& args) {
                         " positions in whole canvases) exceed max_position_embeddings " + std::to_string(max_pos) +
                         "; lower --prompt-tokens or --max-new-tokens");
   }
-  const std::int64_t capacity = prompt + whole_canvases(new_tokens);
+  // The cache holds the prompt and every canvas but the last, which is never encoded (the
+  // scheduler's plan, as a generation and --memory-budget count it).
+  std::int64_t capacity = prompt + whole_canvases(new_tokens);
+  if (c.is_diffusion()) {
+    using Scheduler = dg::Decoder<CpuEngine>::Scheduler;
+    typename Scheduler::Arguments a;
+    dg::apply_generation_config_to_scheduler<Scheduler>(g, a);
+    a.max_new_tokens = static_cast<int>(new_tokens);
+    a.max_length = 0;  // applied above
+    capacity = Scheduler::plan(a, c, prompt).cache_capacity;
+  }
   const int threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
   const double kv = static_cast<double>(dg::cpu::KvCache::bytes_for(c, capacity));
   const double request = static_cast<double>(
-      dg::cpu::Engine<dg::DiffusionGemmaBackbone>::request_bytes(c, capacity, std::max<std::int64_t>(256, C), threads));
+      CpuEngine::request_bytes(c, capacity, std::max<std::int64_t>(256, C), threads));
   const double workspace = request - kv;
   const double total = weight_bytes + request;
 
@@ -179,6 +204,7 @@ int cmd_info(const std::vector<std::string>& args) {
                                 {"parameters_active_per_token", p.active},
                                 {"weights_present", has_weights},
                                 {"checkpoint_bytes", stored},
+                                {"unloaded_tower_bytes", unloaded},
                                 {"weight_bytes", weight_bytes},
                                 {"quantization", quant.describe()},
                                 {"quantized_matrices", bound.quantized},
@@ -190,6 +216,7 @@ int cmd_info(const std::vector<std::string>& args) {
                                 {"cpu_kernels", kc.path()},
                                 {"generation_prompt_tokens", prompt},
                                 {"generation_new_tokens", new_tokens},
+                                {"generation_cache_positions", capacity},
                                 {"generation_kv_cache_bytes", kv},
                                 {"generation_workspace_bytes", workspace},
                                 {"generation_memory_bytes", total},
@@ -200,8 +227,14 @@ int cmd_info(const std::vector<std::string>& args) {
   }
   std::printf("model            %s (%s)\n", dir.c_str(), c.is_diffusion() ? "DiffusionGemma" : "Gemma 4 text");
   std::printf("layers           %d (%d sliding, window %d; %d full)\n", c.num_layers(), sliding, c.sliding_window, full);
-  std::printf("hidden           %d, %d query heads; head dim %d / %d (sliding / full)\n", c.hidden_size, c.num_heads,
-              c.layers.front().head_dim, c.layers.back().head_dim);
+  const auto head_dim_of = [&](dg::LayerType type) {
+    for (const auto& s : c.layers) {
+      if (s.type == type) return std::to_string(s.head_dim);
+    }
+    return std::string("-");  // no layer of that type
+  };
+  std::printf("hidden           %d, %d query heads; head dim %s / %s (sliding / full)\n", c.hidden_size, c.num_heads,
+              head_dim_of(dg::LayerType::kSliding).c_str(), head_dim_of(dg::LayerType::kFull).c_str());
   std::printf("feed-forward     dense MLP %d", c.intermediate_size);
   if (c.enable_moe_block) std::printf(" + %d experts x %d, top-%d", c.num_experts, c.moe_intermediate_size, c.top_k_experts);
   std::printf("\nvocabulary       %lld\n", static_cast<long long>(c.vocab_size));
@@ -229,6 +262,9 @@ int cmd_info(const std::vector<std::string>& args) {
   if (has_weights) {
     std::printf("weights          %s in %zu file%s, used in place (memory-mapped, not copied)\n",
                 human_bytes(stored).c_str(), files, files == 1 ? "" : "s");
+    if (unloaded > 0) {
+      std::printf("                 (and %s of vision/audio tower tensors, not loaded)\n", human_bytes(unloaded).c_str());
+    }
   } else {
     std::printf("weights          no weight files: %s as %s (%s by config.json)\n", human_bytes(weight_bytes).c_str(),
                 dg::dtype_name(config_dtype), c.dtype == dg::DType::kSentinel ? "not stated, assumed" : "stated");

@@ -57,6 +57,7 @@ int cmd_parity(const std::vector<std::string>& args) {
     return 0;
   }
   const std::string out_path = f.required("out");
+  refuse_overwriting_checkpoint("out", out_path, f.required("model"));
   auto model = load_model(f.required("model"), f.flag("check-weights"));
   const auto& cfg = model->config();
   const auto prompt = as_ids(f.integers("prompt-ids", 0, cfg.vocab_size - 1));
@@ -117,13 +118,52 @@ int cmd_replay(const std::vector<std::string>& args) {
   auto model = load_model(f.required("model"), false);
   const auto& cfg = model->config();
   if (!cfg.is_diffusion()) throw UsageError("replay needs a DiffusionGemma checkpoint");
-  const auto draws = dg::io::load_draws(f.required("draws"));
+  const std::string draws_path = f.required("draws");
+  const auto draws = dg::io::load_draws(draws_path);
+  if (draws.prompt_ids.empty()) {
+    throw dg::Error(dg::StatusCode::kFormatError, draws_path + ": tensor 'prompt_ids' is missing or empty");
+  }
+  for (std::size_t i = 0; i < draws.prompt_ids.size(); ++i) {
+    if (draws.prompt_ids[i] >= cfg.vocab_size) {
+      throw dg::Error(dg::StatusCode::kFormatError,
+                      draws_path + ": 'prompt_ids'[" + std::to_string(i) + "] = " + std::to_string(draws.prompt_ids[i]) +
+                          " is outside the vocabulary [0, " + std::to_string(cfg.vocab_size) + ") of " + cfg.source);
+    }
+  }
   using ReplayDecoder = dg::Decoder<dg::cpu::Engine<dg::DiffusionGemmaBackbone>, dg::ReplaySampler>;
   auto o = ReplayDecoder::default_options(model->generation_config());
   apply_sampler_flags(f, cfg.vocab_size, o);
   o.sampler.rng.draws = draws.draws;
   ReplayDecoder decoder(model, engine_options(f, dg::cpu::Precision::kExact));
   const auto r = decoder.generate(draws.prompt_ids, o);
+  // Every recorded draw must have been read, each canvas's at its length: a recording of another
+  // model or settings can otherwise replay to the end and print tokens that mean nothing.
+  // transformers also draws the renoise tokens of a canvas's last step, which nothing reads once
+  // the canvas has converged: a renoise tensor whose step's samples were used may stay unread.
+  std::vector<std::string> unused;
+  for (const std::string& name : draws.draws->unused()) {
+    const std::size_t dot = name.rfind(".renoise");
+    if (dot == std::string::npos || dot + 8 != name.size() ||
+        draws.draws->was_used(name.substr(0, dot) + ".sample") == false) {
+      unused.push_back(name);
+    }
+  }
+  if (!unused.empty()) {
+    throw dg::Error(dg::StatusCode::kFormatError,
+                    draws_path + ": " + std::to_string(unused.size()) + " recorded tensor" + (unused.size() == 1 ? "" : "s") +
+                        " not used by this replay (first '" + unused.front() + "'): the recording went further than " +
+                        "this generation (" + std::to_string(r.canvases.size()) + " canvases, " +
+                        std::to_string(r.steps.size()) + " steps); another model, prompt or sampler settings?");
+  }
+  for (const auto& [name, values] : draws.draws->tensors) {
+    const std::size_t canvas = std::stoul(name.substr(7));  // "canvas.{b}...": is_draws_tensor_name checked the form
+    const int length = canvas < r.canvases.size() ? r.canvases[canvas].length : -1;
+    if (static_cast<std::int64_t>(values.size()) != length) {
+      throw dg::Error(dg::StatusCode::kFormatError, draws_path + ": tensor '" + name + "' has " +
+                                                        std::to_string(values.size()) + " draws for canvas " +
+                                                        std::to_string(canvas) + " of length " + std::to_string(length));
+    }
+  }
   nlohmann::json j;
   j["tokens"] = r.tokens;
   std::vector<int> steps;

@@ -361,6 +361,7 @@ int cmd_dequantize(const std::vector<std::string>& args) {
     std::cout << f.usage();
     return 0;
   }
+  refuse_overwriting_checkpoint("out", f.required("out"), f.required("model"));
   const dg::io::LoadedCheckpoint c = dg::io::load_checkpoint(f.required("model"));
   if (!c.quantization.quantized()) {
     throw dg::Error(dg::StatusCode::kInvalidArgument, f.str("model") + ": the checkpoint is not quantized (config.json "

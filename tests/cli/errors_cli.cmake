@@ -65,6 +65,28 @@ file(READ "${WORK}/trace.jsonl" kept)
 if(NOT kept STREQUAL "precious\n")
   message(FATAL_ERROR "dgemma generate --view-delay x: the refused run emptied --trace")
 endif()
+# No output lands on a file of the checkpoint, whatever the path's spelling: model.safetensors is
+# memory-mapped, and truncating it under the running model crashed dgemma (SIGBUS) and emptied it.
+set(own "${WORK}/own_model")
+file(COPY "${MODEL}/" DESTINATION "${own}")
+file(SIZE "${own}/model.safetensors" size_before)
+file(CREATE_LINK "${own}/config.json" "${WORK}/config_link.json" SYMBOLIC)
+expect_failure("--trace ${own}/model.safetensors is the checkpoint's own .*model.safetensors: refusing"
+               generate --model ${own} --prompt hi --max-new-tokens 16 --trace ${own}/model.safetensors)
+expect_failure("--trace ${WORK}/config_link.json is the checkpoint's own .*config.json: refusing"
+               generate --model ${own} --prompt hi --max-new-tokens 16 --trace ${WORK}/config_link.json)
+expect_failure("--output ${own}/tokenizer.json is the checkpoint's own"
+               batch --model ${own} --input ${WORK}/prompts.jsonl --output ${own}/tokenizer.json)
+expect_failure("--out ${own}/model.safetensors is the checkpoint's own"
+               parity --model ${own} --prompt-ids 2,3 --out ${own}/model.safetensors)
+expect_failure("--out ${own}/model.safetensors is the checkpoint's own"
+               dequantize --model ${own} --out ${own}/model.safetensors)
+file(SIZE "${own}/model.safetensors" size_after)
+file(READ "${MODEL}/config.json" config_expected)
+file(READ "${own}/config.json" config_kept)
+if(NOT size_after EQUAL size_before OR NOT config_kept STREQUAL config_expected)
+  message(FATAL_ERROR "a refused output changed the checkpoint (model.safetensors ${size_before} -> ${size_after} bytes)")
+endif()
 # The text generate streams, canvas by canvas, is the text of its --json answer.
 foreach(prompt "Add: 12 + 30" "Sort: c a b")
   set(common generate --model ${MODEL} --prompt "${prompt}" --max-new-tokens 48 --threads 1 --seed 3)

@@ -57,6 +57,14 @@ execute_process(COMMAND ${DGEMMA} generate --model ${FIXTURES}/dg_small --prompt
 if(NOT rc EQUAL 1 OR NOT err MATCHES "beyond max_position_embeddings 256")
   message(FATAL_ERROR "too long: exit ${rc}, '${err}'")
 endif()
+# A recording that went further than the replay (here: fewer steps allowed than it ran) is refused
+# by name instead of printing tokens that match nothing.
+execute_process(COMMAND ${DGEMMA} replay --model ${FIXTURES}/dg_small --draws ${FIXTURES}/dg_small/replay/default_short.draws.safetensors
+                        --max-new-tokens 16 --max-denoising-steps 3
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(rc EQUAL 0 OR NOT err MATCHES "default_short.draws.safetensors: [0-9]+ recorded tensors? not used by this replay")
+  message(FATAL_ERROR "dgemma replay with fewer steps than recorded: exit ${rc}, '${out}' '${err}'")
+endif()
 message(STATUS "dgemma replay and flag checks passed")
 
 # End to end with a tokenizer: a fixture checkpoint plus a test tokenizer of the same vocabulary.
@@ -186,6 +194,43 @@ execute_process(COMMAND ${DGEMMA} info --model ${FIXTURES}/dg_small OUTPUT_VARIA
 if(NOT rc EQUAL 0 OR NOT out MATCHES "cpu kernels +[a-z0-9]+, (fast|exact)" OR NOT out MATCHES "used in place")
   message(FATAL_ERROR "dgemma info: '${out}'")
 endif()
+# The KV cache holds the prompt and every canvas but the last (never encoded): 100 + 16 - 8.
+execute_process(COMMAND ${DGEMMA} info --model ${config_only} --prompt-tokens 100 --max-new-tokens 16 --json
+                OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+string(JSON positions GET "${out}" generation_cache_positions)
+if(NOT positions EQUAL 108)
+  message(FATAL_ERROR "dgemma info: a 100-token prompt + 16 new tokens in canvases of 8 cache 108 positions, not ${positions}")
+endif()
+# generation_config.json's max_length replaces a max_new_tokens left at its default: 20 - 4 = 16 new
+# tokens, 2 canvases, 4 + 8 positions cached.
+file(WRITE ${config_only}/generation_config.json "{\"max_length\": 20}")
+execute_process(COMMAND ${DGEMMA} info --model ${config_only} --prompt-tokens 4 --json OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+string(JSON new_tokens GET "${out}" generation_new_tokens)
+string(JSON positions GET "${out}" generation_cache_positions)
+if(NOT rc EQUAL 0 OR NOT new_tokens EQUAL 16 OR NOT positions EQUAL 12)
+  message(FATAL_ERROR "dgemma info with max_length 20: ${new_tokens} new tokens, ${positions} positions (16, 12 expected)")
+endif()
+file(REMOVE ${config_only}/generation_config.json)
+# Head dims are named by layer type, whatever the order of the layers.
+file(READ ${FIXTURES}/dg_small/config.json config)
+string(JSON config SET "${config}" text_config layer_types "[\"full_attention\", \"sliding_attention\", \"sliding_attention\", \"full_attention\"]")
+string(JSON full_shape GET "${config}" text_config per_layer_config 1)
+string(JSON config SET "${config}" text_config per_layer_config "{\"0\": ${full_shape}, \"3\": ${full_shape}}")
+file(WRITE ${config_only}/config.json "${config}")
+execute_process(COMMAND ${DGEMMA} info --model ${config_only} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "head dim 12 / 24 \\(sliding / full\\)")
+  message(FATAL_ERROR "dgemma info with a full first layer: exit ${rc}, '${out}' '${err}'")
+endif()
+# What the engine refuses is not estimated.
+file(READ ${FIXTURES}/dg_small/config.json config)
+string(JSON config SET "${config}" text_config top_k_experts 65)
+string(JSON config SET "${config}" text_config num_experts 70)
+file(WRITE ${config_only}/config.json "${config}")
+execute_process(COMMAND ${DGEMMA} info --model ${config_only} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(rc EQUAL 0 OR NOT err MATCHES "top_k_experts 65 exceeds 64")
+  message(FATAL_ERROR "dgemma info with top_k_experts 65: exit ${rc}, '${out}' '${err}'")
+endif()
+file(COPY_FILE ${FIXTURES}/dg_small/config.json ${config_only}/config.json)
 # The estimate's defaults fit max_position_embeddings (256 here, with generation_config.json's 256
 # new tokens): a generation that could not run is not estimated, and asking for one is refused.
 execute_process(COMMAND ${DGEMMA} info --model ${FIXTURES}/dg_small --json OUTPUT_VARIABLE out RESULT_VARIABLE rc)

@@ -38,6 +38,26 @@ inline std::vector<std::int32_t> read_token_ids(const SafetensorsFile& f, const 
   return out;
 }
 
+// canvas.{b}.init or canvas.{b}.step.{s}.sample / .renoise, b and s decimal numbers.
+inline bool is_draws_tensor_name(const std::string& name) {
+  std::size_t at = 0;
+  const auto literal = [&](const char* text) {
+    const std::size_t n = std::strlen(text);
+    if (name.compare(at, n, text) != 0) return false;
+    at += n;
+    return true;
+  };
+  const auto number = [&] {
+    const std::size_t start = at;
+    while (at < name.size() && at - start < 9 && name[at] >= '0' && name[at] <= '9') ++at;
+    return at > start && (at - start == 1 || name[start] != '0');
+  };
+  if (!literal("canvas.") || !number()) return false;
+  if (literal(".init")) return at == name.size();
+  if (!literal(".step.") || !number()) return false;
+  return (literal(".sample") || literal(".renoise")) && at == name.size();
+}
+
 struct DrawsFile {
   std::vector<std::int32_t> prompt_ids;
   std::shared_ptr<RecordedDraws> draws;
@@ -51,7 +71,7 @@ inline DrawsFile load_draws(const std::string& path) {
   for (const auto& e : f.entries()) {
     if (e.name == "prompt_ids") {
       out.prompt_ids = read_token_ids(f, e);
-    } else if (e.name.rfind("canvas.", 0) == 0) {
+    } else if (is_draws_tensor_name(e.name)) {
       out.draws->tensors[e.name] = read_token_ids(f, e);
     } else {
       throw_error(StatusCode::kFormatError, path, ": unexpected tensor '", e.name,

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,8 +51,31 @@ struct RecordedDraws {
       throw_error(StatusCode::kOutOfRange, source, ": ran out of recorded draws at canvas ", canvas, ", step ", step,
                   " (no tensor '", name, "')");
     }
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);  // draws may be read from several threads
+      used_.insert(it->first);
+    }
     return it->second;
   }
+  // The recorded tensors no draw has read, in name order. After a replay, any left over mean the
+  // recording went further than the replay did (another model, prompt or sampler settings), which
+  // a replay that merely ran out of draws would not notice.
+  bool was_used(const std::string& name) const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return used_.count(name) != 0;
+  }
+  std::vector<std::string> unused() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::string> out;
+    for (const auto& [name, values] : tensors) {
+      if (used_.count(name) == 0) out.push_back(name);
+    }
+    return out;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::set<std::string> used_;
 };
 
 class ReplayRng {
