@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Entropy-bound acceptance where equal entropies meet the bound: which of several equally certain
+// The Acceptance slot. Entropy-bound acceptance where equal entropies meet the bound: which of several equally certain
 // positions transformers accepts depends on torch.sort's (unstable) order. The rows and
 // transformers' accepted masks come from tools/reference/make_acceptance_fixtures.py.
 #include <algorithm>
@@ -10,7 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <diffusion_gemma/cpu/engine.hpp>
+#include <diffusion_gemma/cpu/model.hpp>
 #include <diffusion_gemma/io/json_file.hpp>
+#include <diffusion_gemma/runtime/decoder.hpp>
 #include <diffusion_gemma/sampler/acceptance.hpp>
 
 #include "support/catch.hpp"
@@ -62,3 +65,95 @@ TEST_CASE("entropy-bound acceptance breaks ties as transformers' torch.sort does
   // The fixture is only a test of tie order if that order matters in it.
   CHECK(differs_from_lowest_position_first > 0);
 }
+
+// ---- the Acceptance slot as a researcher's policy meets it ---------------------------------------
+
+namespace {
+
+// Keeps one position per step, which moves with the step: the positions it does not mark must
+// arrive unaccepted, whatever the last step or canvas kept.
+struct OnePositionPerStep {
+  struct Arguments {};
+  struct State {};
+  static Status can_implement(const Arguments&) { return {}; }
+  static void accept(const Arguments&, const StepView& v, State&, std::uint8_t* accepted) {
+    accepted[v.step % v.length] = 1;
+  }
+};
+
+// Reference policies with a new name: they take the reference Arguments, so generation_config.json
+// applies to them as to the originals.
+struct MyBound : EntropyBound {};
+struct MySchedule : LinearTemperature {};
+struct MyStop : StableAndConfident {};
+
+}  // namespace
+
+TEST_CASE("an Acceptance policy sees a cleared mask every step", "[sampler][runtime]") {
+  using OneSampler = Sampler<UniformState, SelfConditioning, OnePositionPerStep>;
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  Decoder<cpu::Engine<DiffusionGemmaBackbone>, OneSampler> decoder(model);
+  auto o = decltype(decoder)::default_options(model->generation_config());
+  o.sampler.max_denoising_steps = 4;
+  o.scheduler.max_new_tokens = 16;
+  o.scheduler.stop_token_ids.clear();
+  o.sampler.stopping.confidence_threshold = 1e-30;  // every canvas runs all its steps
+  int steps = 0;
+  Callbacks cb;
+  cb.on_step = [&](const StepEvent& e) {
+    int kept = 0;
+    for (int i = 0; i < e.length; ++i) kept += e.accepted[i];
+    INFO("canvas " << e.record.canvas << " step " << e.record.step);
+    CHECK(kept == 1);
+    CHECK(e.accepted[e.record.step % e.length] == 1);
+    CHECK(e.record.accepted == 1);
+    ++steps;
+    return true;
+  };
+  decoder.generate({2, 5, 9}, o, cb);
+  CHECK(steps == 8);  // two canvases of 8 tokens, 4 steps each
+}
+
+TEST_CASE("generation_config.json applies to policies derived from the reference ones", "[sampler]") {
+  GenerationConfig g;
+  g.entropy_bound = 0.7;
+  g.t_min = 0.25;
+  g.t_max = 0.9;
+  g.stability_threshold = 3;
+  g.confidence_threshold = 0.2;
+  g.max_denoising_steps = 12;
+  using Mine = Sampler<UniformState, SelfConditioning, MyBound, MySchedule, MyStop>;
+  Mine::Arguments a;
+  apply_generation_config<Mine>(g, a);
+  CHECK(a.max_denoising_steps == 12);
+  CHECK(a.acceptance.entropy_bound == Approx(0.7));
+  CHECK(a.schedule.t_min == Approx(0.25));
+  CHECK(a.schedule.t_max == Approx(0.9));
+  CHECK(a.stopping.stability_threshold == 3);
+  CHECK(a.stopping.confidence_threshold == Approx(0.2));
+}
+
+// What Decoder, BatchDecoder and ContinuousBatcher check of their Sampler and Scheduler, and what
+// Sampler checks of its Rng, before anything else can fail less readably.
+static_assert(is_sampler<ReferenceSampler>::value && is_sampler<ReplaySampler>::value, "Sampler<...> is a sampler");
+static_assert(!is_sampler<EntropyBound>::value, "a policy alone is not a sampler");
+static_assert(is_canvas_scheduler<CanvasScheduler<>>::value && !is_canvas_scheduler<FixedBlocks>::value,
+              "a Blocks policy alone is not a scheduler");
+namespace {
+struct KeyAsInteger {
+  struct Arguments {};
+  static constexpr bool kReplaysSamples = false;
+  explicit KeyAsInteger(const Arguments&) {}
+  std::uint64_t key(int, int) const { return 0; }
+  std::int32_t token(DrawPurpose, int, int, int, std::int64_t) const { return 0; }
+};
+struct ReplayWithoutSample : KeyAsInteger {
+  using KeyAsInteger::KeyAsInteger;
+  static constexpr bool kReplaysSamples = true;
+  DrawKey key(int, int) const { return {}; }
+};
+}  // namespace
+static_assert(!is_rng_policy<KeyAsInteger>::value, "key() must return a DrawKey");
+static_assert(is_rng_policy<ReplayWithoutSample>::value && !has_replayed_sample<ReplayWithoutSample>::value &&
+                  has_replayed_sample<ReplayRng>::value,
+              "a replaying Rng is checked for sample()");

@@ -35,6 +35,7 @@ struct BatchResult {
 template <class Engine_, class Sampler_ = ReferenceSampler, class Scheduler_ = CanvasScheduler<>>
 class BatchDecoder {
   static_assert(check_batched_engine<Engine_>(), "see runtime/engine_traits.hpp");
+  static_assert(check_decoder_policies<Sampler_, Scheduler_>(), "see docs/policies.md");
 
  public:
   using Engine = Engine_;

@@ -35,6 +35,7 @@ namespace diffusion_gemma {
 template <class Engine_, class Sampler_ = ReferenceSampler, class Scheduler_ = CanvasScheduler<>>
 class ContinuousBatcher {
   static_assert(check_batched_engine<Engine_>(), "see runtime/engine_traits.hpp");
+  static_assert(check_decoder_policies<Sampler_, Scheduler_>(), "see docs/policies.md");
 
  public:
   using Engine = Engine_;

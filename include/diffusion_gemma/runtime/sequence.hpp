@@ -53,6 +53,21 @@ struct Callbacks {
   std::function<bool(const CommitEvent&)> on_commit;  // return false to cancel
 };
 
+// What Decoder, BatchDecoder and ContinuousBatcher take as their Sampler and Scheduler, checked
+// before anything else can fail less readably; each asserts check_decoder_policies<...>().
+template <class Sampler, class Scheduler>
+constexpr bool check_decoder_policies() {
+  static_assert(is_sampler<Sampler>::value,
+                "Decoder / BatchDecoder / ContinuousBatcher<Engine, Sampler, Scheduler>: Sampler must be a "
+                "Sampler<State, Conditioning, Acceptance, Schedule, Stopping, Rng> (sampler/sampler.hpp), not a "
+                "policy on its own; see docs/policies.md");
+  static_assert(is_canvas_scheduler<Scheduler>::value,
+                "Decoder / BatchDecoder / ContinuousBatcher<Engine, Sampler, Scheduler>: Scheduler must be a "
+                "CanvasScheduler<Blocks> (schedule/canvas_scheduler.hpp); a Blocks policy goes inside it; see "
+                "docs/policies.md");
+  return is_sampler<Sampler>::value && is_canvas_scheduler<Scheduler>::value;
+}
+
 template <class Sampler, class Scheduler>
 struct DecodeOptions {
   typename Sampler::Arguments sampler{};
@@ -210,6 +225,8 @@ class Sequence {
       }
     }
     const StepView view{stats_.argmax.data(), candidate_.data(), stats_.entropy.data(), C, s, n};
+    // An Acceptance policy marks the positions it keeps; the rest must read 0, not the last step's.
+    std::fill(accepted_.begin(), accepted_.begin() + C, std::uint8_t{0});
     Sampler::Acceptance::accept(options_.sampler.acceptance, view, acceptance_state_, accepted_.data());
     StepRecord sr;
     sr.canvas = b_;
@@ -227,7 +244,7 @@ class Sequence {
     sr.mean_entropy = static_cast<float>(sum / C);
     draft_.assign(stats_.argmax.begin(), stats_.argmax.begin() + C);
     const bool stop = Sampler::Stopping::update(options_.sampler.stopping, view, stopping_state_);
-    if constexpr (std::is_same_v<typename Sampler::Stopping, StableAndConfident>) {
+    if constexpr (std::is_same_v<typename Sampler::Stopping::State, StableAndConfident::State>) {
       sr.stable = stopping_state_.stable;
       sr.confident = stopping_state_.confident;
     }

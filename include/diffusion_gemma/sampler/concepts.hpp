@@ -73,9 +73,16 @@ struct is_rng_policy : std::false_type {};
 template <class P>
 struct is_rng_policy<P, detail::void_t<typename P::Arguments, decltype(bool{P::kReplaysSamples}),
                                        decltype(P(std::declval<const typename P::Arguments&>())),
-                                       decltype(std::declval<const P&>().key(0, 0)),
+                                       std::enable_if_t<std::is_same_v<decltype(std::declval<const P&>().key(0, 0)), DrawKey>>,
                                        decltype(std::int32_t{std::declval<const P&>().token(DrawPurpose::kInit, 0, 0, 0,
                                                                                              std::int64_t{})})>>
+    : std::true_type {};
+
+// A replaying Rng (kReplaysSamples) also gives the recorded candidate: sample(canvas, step, position, vocab).
+template <class P, class = void>
+struct has_replayed_sample : std::false_type {};
+template <class P>
+struct has_replayed_sample<P, detail::void_t<decltype(std::int32_t{std::declval<const P&>().sample(0, 0, 0, std::int64_t{})})>>
     : std::true_type {};
 
 }  // namespace diffusion_gemma

@@ -49,7 +49,10 @@ class Sampler {
                 "see sampler/stopping.hpp");
   static_assert(is_rng_policy<Rng_>::value,
                 "Sampler<..., Rng>: Rng must define Arguments, a constructor from Arguments, kReplaysSamples, "
-                "key(canvas, step) and token(purpose, canvas, step, position, vocab); see sampler/rng.hpp");
+                "DrawKey key(canvas, step) and token(purpose, canvas, step, position, vocab); see sampler/rng.hpp");
+  static_assert(!is_rng_policy<Rng_>::value || !Rng_::kReplaysSamples || has_replayed_sample<Rng_>::value,
+                "Sampler<..., Rng>: an Rng with kReplaysSamples = true must define int32_t sample(canvas, step, "
+                "position, vocab), the recorded candidate; see ReplayRng in sampler/rng.hpp");
 
  public:
   using State = State_;
@@ -81,16 +84,25 @@ class Sampler {
   }
 };
 
-// The checkpoint's generation_config.json as arguments of the reference policies.
+// Whether S is a Sampler<...>: what Decoder, BatchDecoder and ContinuousBatcher take.
+template <class S>
+struct is_sampler : std::false_type {};
+template <class St, class Co, class Ac, class Sc, class Sp, class Rn>
+struct is_sampler<Sampler<St, Co, Ac, Sc, Sp, Rn>> : std::true_type {};
+
+// The checkpoint's generation_config.json as arguments of the reference policies, and of any
+// policy that takes the same Arguments (one derived from a reference policy inherits them).
 template <class S>
 void apply_generation_config(const GenerationConfig& g, typename S::Arguments& a) {
   a.max_denoising_steps = g.max_denoising_steps;
-  if constexpr (std::is_same_v<typename S::Acceptance, EntropyBound>) a.acceptance.entropy_bound = g.entropy_bound;
-  if constexpr (std::is_same_v<typename S::Schedule, LinearTemperature>) {
+  if constexpr (std::is_same_v<typename S::Acceptance::Arguments, EntropyBound::Arguments>) {
+    a.acceptance.entropy_bound = g.entropy_bound;
+  }
+  if constexpr (std::is_same_v<typename S::Schedule::Arguments, LinearTemperature::Arguments>) {
     a.schedule.t_min = g.t_min;
     a.schedule.t_max = g.t_max;
   }
-  if constexpr (std::is_same_v<typename S::Stopping, StableAndConfident>) {
+  if constexpr (std::is_same_v<typename S::Stopping::Arguments, StableAndConfident::Arguments>) {
     a.stopping.stability_threshold = g.stability_threshold;
     a.stopping.confidence_threshold = g.confidence_threshold;
   }

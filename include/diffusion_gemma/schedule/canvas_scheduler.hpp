@@ -29,6 +29,15 @@ struct is_blocks_policy<B, std::void_t<decltype(int{B::canvas_length(std::declva
     : std::true_type {};
 
 template <class Blocks_ = FixedBlocks>
+class CanvasScheduler;
+
+// Whether S is a CanvasScheduler<Blocks>: what Decoder, BatchDecoder and ContinuousBatcher take.
+template <class S>
+struct is_canvas_scheduler : std::false_type {};
+template <class B>
+struct is_canvas_scheduler<CanvasScheduler<B>> : std::true_type {};
+
+template <class Blocks_>
 class CanvasScheduler {
   static_assert(is_blocks_policy<Blocks_>::value,
                 "CanvasScheduler<Blocks>: Blocks must provide static int canvas_length(const ModelConfig&, int canvas_index)");
