@@ -128,10 +128,10 @@ int cmd_info(const std::vector<std::string>& args) {
   // tokens, else the longest that does); values given that do not fit are refused, since no
   // generation could need that memory.
   using CpuEngine = dg::cpu::Engine<dg::DiffusionGemmaBackbone>;
-  if (c.enable_moe_block && c.top_k_experts > CpuEngine::kMaxTopK) {  // as the engine refuses it
-    throw dg::Error(dg::StatusCode::kUnsupported, c.source + ": top_k_experts " + std::to_string(c.top_k_experts) +
-                                                      " exceeds " + std::to_string(CpuEngine::kMaxTopK));
-  }
+  // What the engine a generation would compose refuses, refused before estimating anything.
+  dg::dispatch_backbone(c, [&](auto backbone) {
+    dg::throw_if_error(dg::cpu::Engine<decltype(backbone)>::can_run(c));
+  });
   const std::int64_t C = c.is_diffusion() ? c.canvas_length : 1;
   // Token counts are 32-bit in a generation; larger values would also overflow the byte counts.
   const std::int64_t max_pos = std::min<std::int64_t>(c.max_position_embeddings, INT32_MAX);

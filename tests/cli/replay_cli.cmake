@@ -231,6 +231,12 @@ if(rc EQUAL 0 OR NOT err MATCHES "top_k_experts 65 exceeds 64")
   message(FATAL_ERROR "dgemma info with top_k_experts 65: exit ${rc}, '${out}' '${err}'")
 endif()
 file(COPY_FILE ${FIXTURES}/dg_small/config.json ${config_only}/config.json)
+# A dense checkpoint is checked against the dense backbone's engine, not refused as "not MoE".
+execute_process(COMMAND ${DGEMMA} info --model ${FIXTURES}/gemma4_dense OUTPUT_VARIABLE out ERROR_VARIABLE err
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "KV cache")
+  message(FATAL_ERROR "dgemma info on the dense fixture: exit ${rc}, '${out}' '${err}'")
+endif()
 # The estimate's defaults fit max_position_embeddings (256 here, with generation_config.json's 256
 # new tokens): a generation that could not run is not estimated, and asking for one is refused.
 execute_process(COMMAND ${DGEMMA} info --model ${FIXTURES}/dg_small --json OUTPUT_VARIABLE out RESULT_VARIABLE rc)

@@ -75,12 +75,20 @@ class Engine {
   // At most this many floats of keys and values laid out as panels per layer (64 MiB; PanelOperand).
   static constexpr std::size_t kMaxPanelFloats = std::size_t{1} << 24;
 
+  // Whether this engine can run a configuration, from the config alone: what the constructor
+  // checks first, so tools that only read config.json (`dgemma info`) refuse exactly what it does.
+  static Status can_run(const ModelConfig& cfg) {
+    if (Status s = Backbone::can_implement(cfg); !s.ok()) return s;
+    if (cfg.enable_moe_block && cfg.top_k_experts > kMaxTopK) {
+      return make_status(StatusCode::kUnsupported, cfg.source, ": top_k_experts ", cfg.top_k_experts, " exceeds ",
+                         kMaxTopK);
+    }
+    return {};
+  }
+
   explicit Engine(std::shared_ptr<const Model> model, EngineOptions opts = {})
       : model_(std::move(model)), cfg_(model_->config()), opts_(opts) {
-    throw_if_error(Backbone::can_implement(cfg_));
-    if (cfg_.enable_moe_block && cfg_.top_k_experts > kMaxTopK) {
-      throw_error(StatusCode::kUnsupported, cfg_.source, ": top_k_experts ", cfg_.top_k_experts, " exceeds ", kMaxTopK);
-    }
+    throw_if_error(can_run(cfg_));
     if (!enum_valid(opts_.precision)) throw_error(StatusCode::kInvalidArgument, "EngineOptions::precision is invalid");
     ctx_.isa = opts_.isa == Isa::kSentinel ? default_isa() : opts_.isa;
     if (static_cast<int>(ctx_.isa) > static_cast<int>(cpu_features().best())) {

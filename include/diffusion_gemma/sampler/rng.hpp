@@ -57,13 +57,13 @@ struct RecordedDraws {
     }
     return it->second;
   }
-  // The recorded tensors no draw has read, in name order. After a replay, any left over mean the
-  // recording went further than the replay did (another model, prompt or sampler settings), which
-  // a replay that merely ran out of draws would not notice.
   bool was_used(const std::string& name) const {
     const std::lock_guard<std::mutex> lock(mutex_);
     return used_.count(name) != 0;
   }
+  // The recorded tensors no draw has read, in name order. After a replay, any left over mean the
+  // recording went further than the replay did (another model, prompt or sampler settings), which
+  // a replay that merely ran out of draws would not notice.
   std::vector<std::string> unused() const {
     const std::lock_guard<std::mutex> lock(mutex_);
     std::vector<std::string> out;
