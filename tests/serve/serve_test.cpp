@@ -158,6 +158,13 @@ void contract(int port) {
     // A conversation: as many ids as the chat completion's prompt_tokens.
     auto conv = post(port, "/tokenize", R"({"messages":[{"role":"user","content":"Add: 417 + 385"}]})");
     CHECK(conv.status == 200 && json::parse(conv.body)["count"] == c["usage"]["prompt_tokens"], conv.body);
+    // chat_template_kwargs.enable_thinking opens the conversation with the thinking switch's system turn.
+    auto think = post(port, "/tokenize",
+                      R"({"messages":[{"role":"user","content":"Add: 417 + 385"}],"chat_template_kwargs":{"enable_thinking":true}})");
+    auto think_text = post(port, "/detokenize", R"({"tokens":)" + json::parse(think.body)["tokens"].dump() + "}");
+    CHECK(think.status == 200 && think_text.status == 200 &&
+              json::parse(think_text.body)["prompt"].get<std::string>().rfind("<bos><|turn>system\n<|think|>\n", 0) == 0,
+          think_text.body);
     // Back to text, special tokens included, under both dialects' keys.
     auto detok = post(port, "/detokenize", R"({"tokens":)" + t["tokens"].dump() + "}");
     CHECK(detok.status == 200 && json::parse(detok.body)["prompt"] == "<bos>" + sort_prompt &&

@@ -185,21 +185,50 @@ TEST_CASE("serve: request checks name the field at fault", "[serve]") {
   CHECK(p == "model");
   CHECK(status_of(R"({"model":"m","messages":[{"role":"tool","content":"hi"}]})", &p) == 400);
   CHECK(p == "messages[0].role");
-  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"a"},{"role":"system","content":"b"}]})", &p) == 400);
-  CHECK(p == "messages[1].role");
+  // A system message may come anywhere, as the chat format renders it; a later developer message
+  // is a system message by OpenAI's other name (the format has no developer turn).
+  const GenerationRequest later = parse_chat_request(
+      R"({"model":"m","messages":[{"role":"developer","content":"d"},{"role":"user","content":"a"},
+          {"role":"system","content":"b"},{"role":"developer","content":"c"}]})",
+      limits());
+  REQUIRE(later.messages.size() == 4);
+  CHECK(later.messages[0].role == "developer");
+  CHECK(later.messages[2].role == "system");
+  CHECK(later.messages[3].role == "system");
+  // vLLM's rendering fields: another rendering than a new model turn is refused, never ignored.
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],
+                     "continue_final_message":true,"add_generation_prompt":false})", &p) == 400);
+  CHECK(p == "add_generation_prompt");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"a"}],"continue_final_message":true})", &p) == 400);
+  CHECK(p == "continue_final_message");
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"a"}],"continue_final_message":false,
+                     "add_generation_prompt":true})") == 200);
+  const std::string thinking = R"({"model":"m","messages":[{"role":"user","content":"a"}],
+                                   "chat_template_kwargs":{"enable_thinking":true,"other":1}})";
+  CHECK(parse_chat_request(thinking, limits()).enable_thinking);
+  CHECK(ignored_of(thinking) == std::vector<std::string>{"chat_template_kwargs.other"});
+  CHECK(status_of(thinking, &p, true, true) == 400);
+  CHECK(p == "chat_template_kwargs.other");
+  CHECK_FALSE(parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"a"}]})", limits()).enable_thinking);
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"a"}],"chat_template_kwargs":{"enable_thinking":1}})",
+                  &p) == 400);
+  CHECK(p == "chat_template_kwargs.enable_thinking");
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"max_completion_tokens":11})",
                   &p) == 400);
   CHECK(p == "max_completion_tokens");
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"top_p":0.5})", &p, true, true) == 400);
   CHECK(p == "top_p");
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1,"top_p":1,"n":1})") == 200);
-  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-2})", &p) == 400);
+  // OpenAI's seed is a signed 64-bit integer: a negative one keys the draws by its bits (-1 alone
+  // asks for a random seed, as llama.cpp).
+  CHECK(parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-2})", limits()).seed ==
+        18446744073709551614ull);
+  const GenerationRequest lowest = parse_chat_request(
+      R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-9223372036854775808})", limits());
+  CHECK(lowest.seed == 9223372036854775808ull);
+  CHECK_FALSE(lowest.random_seed);
+  CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":"3"})", &p) == 400);
   CHECK(p == "seed");
-  try {  // the message states the range that is accepted (all of 64 bits, and -1)
-    parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-2})", limits());
-  } catch (const ApiError& e) {
-    CHECK(std::string(e.what()).find("18446744073709551615") != std::string::npos);
-  }
   CHECK(status_of(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":18446744073709551616})", &p) == 400);
   CHECK(p == "seed");
   CHECK(parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":-1})", limits()).random_seed);
@@ -395,6 +424,9 @@ TEST_CASE("serve: /tokenize and /detokenize bodies in vLLM's and llama.cpp's sha
   CHECK(p == "messages[0].role");
   CHECK(tokenize_status(R"({"messages":[{"role":"user","content":"a"}],"add_generation_prompt":false})", &p) == 400);
   CHECK(p == "add_generation_prompt");
+  CHECK(parse_tokenize_request(R"({"messages":[{"role":"user","content":"a"}],"chat_template_kwargs":{"enable_thinking":true}})",
+                               limits())
+            .enable_thinking);
   CHECK(tokenize_status(R"({"content":"a","parse_special":false})", &p) == 400);
   CHECK(p == "parse_special");
   CHECK(tokenize_status(R"({"prompt":"a","model":"x"})", &p) == 404);
@@ -512,7 +544,7 @@ TEST_CASE("serve: llama.cpp's /completion bodies", "[serve]") {
   CHECK(param_of(R"({"prompt":{"a":1}})") == "400 prompt");
   CHECK(param_of(R"({"prompt":"a","n_predict":-2})") == "400 n_predict");
   CHECK(param_of(R"({"prompt":"a","n_predict":4,"max_tokens":5})") == "400 max_tokens");
-  CHECK(param_of(R"({"prompt":"a","seed":-7})") == "400 seed");
+  CHECK(param_of(R"({"prompt":"a","seed":1.5})") == "400 seed");
   CHECK(param_of(R"({"prompt":"a","seed":"1"})") == "400 seed");
   CHECK(param_of(R"({"prompt":"a","n_probs":5})") == "400 n_probs");
   CHECK(param_of(R"({"prompt":"a","grammar":"root ::= \"x\""})") == "400 grammar");

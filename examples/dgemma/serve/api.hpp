@@ -101,6 +101,7 @@ struct GenerationRequest {
   bool max_tokens_given = false;  // false: the checkpoint's default, which the server may shorten to fit the context
   std::uint64_t seed = 0;         // default 0, as `dgemma generate`: the same request gives the same answer
   bool random_seed = false;       // "seed": -1 (llama.cpp's convention): the server draws one and reports it
+  bool enable_thinking = false;   // chat_template_kwargs.enable_thinking: the chat format's thinking switch
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage: an extra usage-only chunk at the end
@@ -293,8 +294,9 @@ inline void parse_stop(const json& v, const ApiLimits& limits, std::vector<std::
   out = std::move(stops);
 }
 
-// "seed": an unsigned integer, or -1 (llama.cpp's convention) for one the server draws; null
-// keeps the endpoint's default.
+// "seed": any 64-bit integer, signed (OpenAI's type) or unsigned; -1 (llama.cpp's convention) asks
+// for one the server draws. A negative seed keys the draws by its two's-complement bits, so each
+// seed is its own reproducible stream. null keeps the endpoint's default.
 inline void parse_seed(const json& s, GenerationRequest& r) {
   if (s.is_null()) return;
   if (s.is_number_unsigned()) {
@@ -303,9 +305,10 @@ inline void parse_seed(const json& s, GenerationRequest& r) {
   } else if (s.is_number_integer() && s.get<std::int64_t>() == -1) {
     r.random_seed = true;
   } else if (s.is_number_integer()) {
-    bad_value("seed", "must be -1 (a random seed) or an integer in [0, 18446744073709551615] (got " + s.dump() + ")");
+    r.seed = static_cast<std::uint64_t>(s.get<std::int64_t>());
+    r.random_seed = false;
   } else {
-    bad_type("seed", "an integer in [0, 18446744073709551615], or -1", s);
+    bad_type("seed", "a 64-bit integer (-1: a random seed)", s);
   }
 }
 
@@ -496,7 +499,9 @@ inline std::vector<Message> parse_messages(const json& m, const ApiLimits& limit
         ignored.push_back(q);
       }
     }
-    if (system && i != 0) bad_value(p + ".role", "'" + msg.role + "' is only allowed as the first message");
+    // A system message may come anywhere (the chat format gives it a turn of its own); a later
+    // developer message is OpenAI's other name for one, and the format has no developer turn.
+    if (msg.role == "developer" && i != 0) msg.role = "system";
     // Only an assistant turn may come without content (OpenAI's rule: one that made tool calls);
     // an empty user or system turn is a client's mistake, not a prompt.
     if (msg.role != "assistant" && (!m[i].contains("content") || m[i]["content"].is_null())) {
@@ -508,18 +513,50 @@ inline std::vector<Message> parse_messages(const json& m, const ApiLimits& limit
   return out;
 }
 
+inline bool get_flag(const json& j, const char* key, bool fallback) {
+  return j.contains(key) && !j[key].is_null() ? get_bool(j[key], key) : fallback;
+}
+
+// vLLM's fields for how a conversation is rendered. The answer always starts a new model turn, so
+// a request for another rendering (a prefilled reply to continue) is refused rather than answered
+// as something else; `chat_template_kwargs.enable_thinking` is the chat format's thinking switch.
+inline void parse_rendering_flags(const json& j, const ApiLimits& limits, bool& enable_thinking,
+                                  std::vector<std::string>& ignored) {
+  if (!get_flag(j, "add_generation_prompt", true)) {
+    bad_value("add_generation_prompt", "must be true: the answer is always a new model turn");
+  }
+  if (get_flag(j, "continue_final_message", false)) {
+    bad_value("continue_final_message", "must be false: the answer is always a new model turn");
+  }
+  if (!j.contains("chat_template_kwargs") || j["chat_template_kwargs"].is_null()) return;
+  const json& kw = j["chat_template_kwargs"];
+  if (!kw.is_object()) bad_type("chat_template_kwargs", "an object", kw);
+  for (auto it = kw.begin(); it != kw.end(); ++it) {
+    const std::string q = "chat_template_kwargs." + it.key();
+    if (it.key() == "enable_thinking") {
+      if (!it.value().is_null()) enable_thinking = get_bool(it.value(), q);
+    } else if (limits.strict) {
+      throw ApiError(400, "unknown field '" + q + "'", q, "unknown_parameter");
+    } else {
+      ignored.push_back(q);
+    }
+  }
+}
+
 }  // namespace detail
 
 inline GenerationRequest parse_chat_request(const std::string& body, const ApiLimits& limits) {
   GenerationRequest r;
   r.chat = true;
   static const std::set<std::string> own = {"messages", "max_completion_tokens", "tools", "tool_choice",
-                                            "response_format", "functions", "function_call", "modalities"};
+                                            "response_format", "functions", "function_call", "modalities",
+                                            "add_generation_prompt", "continue_final_message", "chat_template_kwargs"};
   const json j = detail::parse_common(body, limits, own, r);
   if (!j.contains("messages") || j["messages"].is_null()) {
     throw ApiError(400, "'messages' is required", "messages", "missing_parameter");
   }
   r.messages = detail::parse_messages(j["messages"], limits, r.ignored);
+  detail::parse_rendering_flags(j, limits, r.enable_thinking, r.ignored);
   return r;
 }
 
@@ -579,6 +616,7 @@ struct TokenizeRequest {
   bool add_special = true;
   bool with_pieces = false;       // llama.cpp: tokens as {"id", "piece"}
   bool return_token_strs = false;  // vLLM: "token_strs", the vocabulary's strings
+  bool enable_thinking = false;    // chat_template_kwargs.enable_thinking, as /v1/chat/completions
   std::vector<std::string> ignored;
 };
 
@@ -605,10 +643,6 @@ inline void check_utility_fields(const json& j, const std::set<std::string>& kno
   }
 }
 
-inline bool get_flag(const json& j, const char* key, bool fallback) {
-  return j.contains(key) && !j[key].is_null() ? get_bool(j[key], key) : fallback;
-}
-
 }  // namespace detail
 
 inline TokenizeRequest parse_tokenize_request(const std::string& body, const ApiLimits& limits) {
@@ -616,7 +650,8 @@ inline TokenizeRequest parse_tokenize_request(const std::string& body, const Api
   const json j = detail::parse_object(body);
   static const std::set<std::string> known = {"model", "prompt", "content", "messages", "add_special_tokens",
                                               "add_special", "with_pieces", "return_token_strs", "parse_special",
-                                              "add_generation_prompt", "continue_final_message"};
+                                              "add_generation_prompt", "continue_final_message",
+                                              "chat_template_kwargs"};
   detail::check_utility_fields(j, known, limits, r.ignored);
   std::vector<const char*> given;
   for (const char* k : {"prompt", "content", "messages"}) {
@@ -632,13 +667,8 @@ inline TokenizeRequest parse_tokenize_request(const std::string& body, const Api
   if (form == "messages") {
     r.chat = true;
     r.messages = detail::parse_messages(j["messages"], limits, r.ignored);
-    // The chat format always ends with the model's turn opened, as /v1/chat/completions runs it.
-    if (!detail::get_flag(j, "add_generation_prompt", true)) {
-      detail::bad_value("add_generation_prompt", "must be true: conversations are rendered as /v1/chat/completions runs them");
-    }
-    if (detail::get_flag(j, "continue_final_message", false)) {
-      detail::bad_value("continue_final_message", "must be false: conversations are rendered as /v1/chat/completions runs them");
-    }
+    // Rendered as /v1/chat/completions renders the same conversation.
+    detail::parse_rendering_flags(j, limits, r.enable_thinking, r.ignored);
   } else {
     r.text = detail::get_string(j[form], form);
   }

@@ -487,7 +487,7 @@ class Server {
   void tokenize(const std::string& body, httplib::Response& res) {
     try {
       const serve::TokenizeRequest r = serve::parse_tokenize_request(body, api_);
-      const std::vector<int> ids = r.chat ? chat_ids(r.messages) : text_ids(r.text, r.add_special);
+      const std::vector<int> ids = r.chat ? chat_ids(r.messages, r.enable_thinking) : text_ids(r.text, r.add_special);
       json tokens = json::array();
       for (int id : ids) {
         if (!r.with_pieces) {
@@ -579,10 +579,12 @@ class Server {
   }
 
   // A conversation as /v1/chat/completions renders it.
-  std::vector<int> chat_ids(const std::vector<serve::Message>& messages) const {
+  std::vector<int> chat_ids(const std::vector<serve::Message>& messages, bool enable_thinking) const {
     std::vector<dg::io::ChatMessage> msgs;
     for (const auto& m : messages) msgs.push_back({m.role, m.content, m.text_parts});
-    return dg::io::encode_chat(*tok_, msgs, chat_options_);
+    dg::io::ChatOptions options = chat_options_;
+    options.enable_thinking = enable_thinking;
+    return dg::io::encode_chat(*tok_, msgs, options);
   }
 
   // The token ids of the request's sequence `choice` (chat: the conversation; completions: prompt
@@ -599,7 +601,7 @@ class Server {
     }
     std::vector<int> ids;
     if (r.chat) {
-      ids = chat_ids(r.messages);
+      ids = chat_ids(r.messages, r.enable_thinking);
     } else if (r.prompts[choice].parts.empty()) {
       ids = text_ids(r.prompts[choice].text, true);
     } else {
