@@ -10,8 +10,8 @@ round and the median, and writes benchmarks/cpu/encoder_rounds.json.
         [--rounds 5] [--threads 2] [--bench build/benchmarks/bench_cpu] [--torch-dtypes float32] [--isa avx2] [--out F]
 
 Same checkpoints, environment and settings as run.py (prompt 512, canvas from the config,
-OMP_WAIT_POLICY=PASSIVE; --isa forces both sides' kernel families as run.py's does). Benchmarks
-measure; nothing here gates on time.
+OpenMP's wait policy at its default; --isa forces both sides' kernel families as run.py's does).
+Odd rounds run transformers first. Benchmarks measure; nothing here gates on time.
 """
 import argparse
 import json
@@ -19,7 +19,7 @@ import os
 import statistics
 import sys
 
-from run import cpu_model, isa_environments, root, run_json
+from run import benchmark_environment, cpu_model, isa_environments, root, run_json
 
 here = os.path.dirname(os.path.abspath(__file__))
 ROWS = [("commit_seconds", "commit"), ("prefill_seconds", "prefill")]
@@ -41,7 +41,7 @@ def main():
     ap.add_argument("--isa", default=None, help="force our kernel family (DG_CPU_ISA) and limit torch's the same way")
     args = ap.parse_args()
     dtypes = args.torch_dtypes.split(",")
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
+    env = benchmark_environment(args.threads)
     ours_env, torch_env = isa_environments(args.isa, env)
     only = ",".join(key.split("_")[0] for key, _ in ROWS)
     results = {}
@@ -54,9 +54,15 @@ def main():
         torch_cmd = [sys.executable, os.path.join(here, "bench_transformers.py")] + common
         rounds = []
         for r in range(args.rounds):
+            # Odd rounds run transformers first, so a drift of the machine's speed within a round
+            # does not always favour the same side.
+            def run_torch():
+                return {f"torch_{'fp32' if d == 'float32' else 'bf16'}": run_json(torch_cmd + ["--dtype", d], torch_env)
+                        for d in dtypes}
+            torch = run_torch() if r % 2 else None
             ours = run_json([args.bench] + common + ["--precision", "fast"], ours_env)
-            torch = {f"torch_{'fp32' if d == 'float32' else 'bf16'}": run_json(torch_cmd + ["--dtype", d], torch_env)
-                     for d in dtypes}
+            if torch is None:
+                torch = run_torch()
             row = {}
             for key, label in ROWS:
                 row[key] = {"ours": ours[key], **{t: res[key] for t, res in torch.items()}}

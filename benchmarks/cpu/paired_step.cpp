@@ -37,9 +37,14 @@ std::string arg(int argc, char** argv, const char* name, const std::string& fall
   return fallback;
 }
 
+// Interpolated between the two nearest order statistics (the median of an even count is the mean
+// of the middle two, not the upper one).
 double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
-  return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+  const double at = q * static_cast<double>(v.size() - 1);
+  const std::size_t lo = static_cast<std::size_t>(at);
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (at - static_cast<double>(lo)) * (v[hi] - v[lo]);
 }
 
 // The 2.5 % and 97.5 % points of the median of `v` resampled with replacement (fixed seed).
