@@ -425,8 +425,22 @@ void contract(int port) {
                "invalid_value", "max_tokens < 0");
   expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_tokens":100000)")), 400, "max_tokens",
                "invalid_value", "max_tokens beyond the positions");
-  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_tokens":500)")), 400, "max_tokens",
+  expect_error(post(port, "/v1/chat/completions", chat_body("hi", R"(,"max_tokens":510)")), 400, "max_tokens",
                "context_length_exceeded", "prompt + max_tokens beyond the positions");
+  {
+    // OpenAI's and vLLM's rule: prompt + max_tokens up to the context is accepted. Canvases are
+    // whole, so a limit whose last canvas would not fit is shortened to the canvases that do.
+    auto ids = post(port, "/tokenize", R"({"messages":[{"role":"user","content":"hi"}]})");
+    const int prompt = json::parse(ids.body)["count"].get<int>();
+    const int context = json::parse(ids.body)["max_model_len"].get<int>();
+    const std::string exact = R"(,"seed":3,"max_tokens":)" + std::to_string(context - prompt);
+    auto fits = post(port, "/v1/chat/completions", chat_body("hi", exact));
+    CHECK(fits.status == 200 && json::parse(fits.body)["usage"]["completion_tokens"].get<int>() <= context - prompt,
+          fits.body);
+    expect_error(post(port, "/v1/chat/completions",
+                      chat_body("hi", R"(,"max_tokens":)" + std::to_string(context - prompt + 1))),
+                 400, "max_tokens", "context_length_exceeded", "prompt + max_tokens one past the positions");
+  }
   std::string long_prompt;
   for (int i = 0; i < 300; ++i) long_prompt += "one two ";
   expect_error(post(port, "/v1/completions", R"({"model":")" + kModelId + R"(","prompt":")" + long_prompt + "\"}"), 400,

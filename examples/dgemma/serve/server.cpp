@@ -750,10 +750,14 @@ class Server {
         const serve::GenerationRequest& r = job->request;
         const int prompt_tokens = static_cast<int>(prompt.size());
         int max_tokens = r.max_tokens;
-        if (!r.max_tokens_given) {
-          // The checkpoint's default is a default, not the client's limit: shorten it to the whole
-          // canvases that fit after this prompt, as OpenAI and vLLM fit theirs to the context.
-          const int fit = Scheduler::max_new_tokens_that_fit(model_->config(), prompt_tokens, max_tokens);
+        const auto& cfg = model_->config();
+        // The checkpoint's default is a default, not the client's limit: shorten it to the whole
+        // canvases that fit after this prompt, as OpenAI and vLLM fit theirs to the context. A
+        // given limit that OpenAI's and vLLM's rule accepts (prompt + max_tokens within the
+        // context) is shortened the same way when only its last canvas would not fit, and the
+        // answer ends with "length"; beyond the context it is refused (options_for).
+        if (!r.max_tokens_given || prompt_tokens + static_cast<std::int64_t>(max_tokens) <= cfg.max_position_embeddings) {
+          const int fit = Scheduler::max_new_tokens_that_fit(cfg, prompt_tokens, max_tokens);
           if (fit > 0) max_tokens = fit;
         }
         Options o = nothing_to_generate ? defaults_ : options_for(r, max_tokens, prompt_tokens, param);
