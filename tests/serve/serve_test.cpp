@@ -237,7 +237,7 @@ void contract(int port) {
     CHECK(l.size() == 2 && l[0]["content"] == n["content"], list.body);
     auto fields = post(port, "/completion", R"({"prompt":")" + q +
                                                 R"(","seed":3,"n_predict":40,"response_fields":["content","generation_settings/seed"]})");
-    CHECK(json::parse(fields.body) == json({{"content", n["content"]}, {"seed", 3}}), fields.body);
+    CHECK(json::parse(fields.body) == json({{"content", n["content"]}, {"generation_settings/seed", 3}}), fields.body);
     // n_predict 0: the prompt is checked and nothing is generated.
     auto none = post(port, "/completion", R"({"prompt":")" + q + R"(","n_predict":0})");
     const json z = json::parse(none.body);
@@ -246,6 +246,9 @@ void contract(int port) {
           none.body);
     // No seed: llama.cpp's default -1, a new seed per request, reported in the header and the settings.
     auto random = post(port, "/completion", R"({"prompt":")" + q + R"(","n_predict":16})");
+    // 32 bits, as llama.cpp's: a JavaScript client can send it back exactly.
+    CHECK(random.status == 200 && json::parse(random.body)["generation_settings"]["seed"].get<std::uint64_t>() < (1ull << 32),
+          random.body);
     CHECK(random.status == 200 && !header(random, "X-Dgemma-Seed").empty() &&
               json::parse(random.body)["generation_settings"]["seed"].dump() == header(random, "X-Dgemma-Seed"),
           random.body);

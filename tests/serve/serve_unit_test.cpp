@@ -10,6 +10,7 @@
 
 #include "serve/api.hpp"
 #include "serve/llama_api.hpp"
+#include "serve/metrics.hpp"
 #include "serve/text_stream.hpp"
 #include "support/paths.hpp"
 
@@ -543,7 +544,12 @@ TEST_CASE("serve: llama.cpp's /completion bodies", "[serve]") {
   CHECK(param_of(R"({"prompt":["a",[]]})") == "400 prompt[1]");
   CHECK(param_of(R"({"prompt":{"a":1}})") == "400 prompt");
   CHECK(param_of(R"({"prompt":"a","n_predict":-2})") == "400 n_predict");
-  CHECK(param_of(R"({"prompt":"a","n_predict":4,"max_tokens":5})") == "400 max_tokens");
+  // n_predict wins over max_tokens, -1 included, as llama.cpp reads them; the other is named as ignored.
+  const GenerationRequest both = parse(R"({"prompt":"a","n_predict":4,"max_tokens":5})");
+  CHECK(both.max_tokens == 4);
+  CHECK(both.ignored == std::vector<std::string>{"max_tokens"});
+  CHECK_FALSE(parse(R"({"prompt":"a","n_predict":-1,"max_tokens":16})").max_tokens_given);
+  CHECK(param_of(R"({"prompt":"a","n_predict":4,"max_tokens":"5"})") == "400 max_tokens");
   CHECK(param_of(R"({"prompt":"a","seed":1.5})") == "400 seed");
   CHECK(param_of(R"({"prompt":"a","seed":"1"})") == "400 seed");
   CHECK(param_of(R"({"prompt":"a","n_probs":5})") == "400 n_probs");
@@ -584,9 +590,22 @@ TEST_CASE("serve: llama.cpp's response objects and response_fields", "[serve]") 
   CHECK(last["tokens"].empty());
   CHECK(last["stop_type"] == "eos");
   const json only = project_fields(whole, {"content", "generation_settings/n_predict", "timings/nothing", "absent"});
-  CHECK(only == json{{"content", "802\n"}, {"n_predict", 16}});
+  // A nested field keeps its whole path as its name, as llama.cpp's json_get_nested_values does.
+  CHECK(only == json{{"content", "802\n"}, {"generation_settings/n_predict", 16}});
   CHECK(project_fields(whole, {}) == whole);
   const json part = llama_partial(0, "80", {7}, 1, 10);
   CHECK(part["stop"] == false);
   CHECK(part["content"] == "80");
+}
+
+TEST_CASE("serve: a histogram's sum keeps growing past a million", "[serve]") {
+  // 25,000 canvases of 48 steps, then one more: the sum must show it (at 6 digits it read
+  // 1.2e+06 both times, and rate(_sum) / rate(_count) went wrong).
+  dgemma::serve::Histogram h({8, 16, 32, 64});
+  for (int i = 0; i < 25000; ++i) h.observe(48);
+  h.observe(48);
+  std::ostringstream out;
+  h.write(out, "steps", "steps per canvas");
+  CHECK(out.str().find("steps_sum 1200048\n") != std::string::npos);
+  CHECK(out.str().find("steps_count 25001\n") != std::string::npos);
 }

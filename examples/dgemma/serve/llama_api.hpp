@@ -121,18 +121,19 @@ inline GenerationRequest parse_llama_completion_request(const std::string& body,
     r.prompts.push_back(detail::llama_prompt(p, "prompt"));
   }
 
-  // n_predict, or OpenAI's max_tokens as llama.cpp also reads it; -1 (its default) is "as many as
-  // fit", which here is the checkpoint's default fitted to the context.
+  // n_predict, else OpenAI's max_tokens, as llama.cpp reads them (n_predict wins, -1 included);
+  // -1 (its default) is "as many as fit", which here is the checkpoint's default fitted to the
+  // context. A max_tokens that n_predict overrides is still type-checked, and named as ignored.
   r.max_tokens = limits.default_max_tokens;
   std::optional<std::int64_t> n_predict;
   for (const char* k : {"n_predict", "max_tokens"}) {
     if (!j.contains(k) || j[k].is_null()) continue;
     const std::int64_t v = detail::get_int(j[k], k, -1, limits.max_tokens_limit);
-    if (v == -1) continue;
-    if (n_predict && *n_predict != v) {
-      detail::bad_value(k, "disagrees with 'n_predict' (" + std::to_string(*n_predict) + " vs " + std::to_string(v) + ")");
+    if (std::string(k) == "max_tokens" && j.contains("n_predict") && !j["n_predict"].is_null()) {
+      r.ignored.push_back(k);
+      continue;
     }
-    n_predict = v;
+    if (v != -1) n_predict = v;
   }
   if (n_predict) r.max_tokens = static_cast<int>(*n_predict);
   r.max_tokens_given = n_predict.has_value();
@@ -248,7 +249,7 @@ inline json project_fields(const json& full, const std::vector<std::string>& fie
       if (slash == std::string::npos) break;
       start = slash + 1;
     }
-    if (found) out[f.substr(f.rfind('/') == std::string::npos ? 0 : f.rfind('/') + 1)] = *at;
+    if (found) out[f] = *at;  // under the whole path, as llama.cpp names it ("generation_settings/seed")
   }
   return out;
 }

@@ -32,7 +32,11 @@ class Histogram {
       out << name << "_bucket{le=\"" << number(bounds_[i]) << "\"} " << cumulative << "\n";
     }
     out << name << "_bucket{le=\"+Inf\"} " << count_ << "\n";
-    out << name << "_sum " << number(sum_) << "\n" << name << "_count " << count_ << "\n";
+    // The sum with every digit a double holds: rounded to 6 digits, a sum past 1e6 would stop
+    // growing by single observations and rate(_sum) / rate(_count) would go wrong.
+    char sum[40];
+    std::snprintf(sum, sizeof sum, "%.17g", sum_);
+    out << name << "_sum " << sum << "\n" << name << "_count " << count_ << "\n";
   }
   static std::string number(double v) {
     char buf[32];

@@ -87,8 +87,10 @@ bool same_secret(const std::string& a, const std::string& b) {
 }
 
 // A metrics label for a path: the routes served, or "other" (unknown paths must not grow the label set).
+// llama.cpp's alias /completions counts as /completion, the label its latencies are recorded under.
 std::string endpoint_label(const std::string& path) {
-  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/completion", "/completions", "/v1/models", "/health",
+  if (path == "/completions") return "/completion";
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/completion", "/v1/models", "/health",
                         "/metrics", "/tokenize", "/detokenize"}) {
     if (path == p) return p;
   }
@@ -734,8 +736,10 @@ class Server {
                                                   : serve::parse_completion_request(body, api_);
       nothing_to_generate = job->request.llama && job->request.max_tokens_given && job->request.max_tokens == 0;
       if (job->request.random_seed) {
+        // 32 bits, as llama.cpp's seeds: a seed reported back must survive a JavaScript client's
+        // JSON numbers (exact only below 2^53) to replay the answer.
         std::random_device rd;
-        job->request.seed = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+        job->request.seed = static_cast<std::uint32_t>(rd());
       }
       job->channel = std::make_shared<serve::Channel>();
       // Choices in OpenAI's order: prompt by prompt, n samples each; sample j uses seed + j.
