@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The Acceptance slot. Entropy-bound acceptance where equal entropies meet the bound: which of several equally certain
+// The Acceptance and State slots. Entropy-bound acceptance where equal entropies meet the bound: which of several equally certain
 // positions transformers accepts depends on torch.sort's (unstable) order. The rows and
 // transformers' accepted masks come from tools/reference/make_acceptance_fixtures.py.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,15 @@ struct MyBound : EntropyBound {};
 struct MySchedule : LinearTemperature {};
 struct MyStop : StableAndConfident {};
 
+// Two canvases of 8 tokens (dg_small), each through all of its 4 steps, no stop id.
+template <class Options>
+void run_every_step(Options& o) {
+  o.sampler.max_denoising_steps = 4;
+  o.scheduler.max_new_tokens = 16;
+  o.scheduler.stop_token_ids.clear();
+  o.sampler.stopping.confidence_threshold = 1e-30;
+}
+
 }  // namespace
 
 TEST_CASE("an Acceptance policy sees a cleared mask every step", "[sampler][runtime]") {
@@ -94,10 +104,7 @@ TEST_CASE("an Acceptance policy sees a cleared mask every step", "[sampler][runt
   auto model = cpu::Model::load(dg_test::fixture("dg_small"));
   Decoder<cpu::Engine<DiffusionGemmaBackbone>, OneSampler> decoder(model);
   auto o = decltype(decoder)::default_options(model->generation_config());
-  o.sampler.max_denoising_steps = 4;
-  o.scheduler.max_new_tokens = 16;
-  o.scheduler.stop_token_ids.clear();
-  o.sampler.stopping.confidence_threshold = 1e-30;  // every canvas runs all its steps
+  run_every_step(o);
   int steps = 0;
   Callbacks cb;
   cb.on_step = [&](const StepEvent& e) {
@@ -157,3 +164,66 @@ static_assert(!is_rng_policy<KeyAsInteger>::value, "key() must return a DrawKey"
 static_assert(is_rng_policy<ReplayWithoutSample>::value && !has_replayed_sample<ReplayWithoutSample>::value &&
                   has_replayed_sample<ReplayRng>::value,
               "a replaying Rng is checked for sample()");
+
+// ---- the State slot with options of its own ------------------------------------------------------
+
+namespace {
+
+// Draws every token from [first, first + count) of the vocabulary (a canvas kept among ordinary
+// text ids, say), and logs what it drew: its Arguments must reach both init and renoise.
+struct RangeState {
+  struct Arguments {
+    std::int32_t first = 0;
+    std::int32_t count = 1;
+    std::vector<std::int32_t>* initial = nullptr;
+    std::vector<std::int32_t>* renoised = nullptr;
+  };
+  static Status can_implement(const Arguments& a) {
+    if (a.first < 0 || a.count <= 0) return make_status(StatusCode::kInvalidArgument, "RangeState: empty range");
+    return {};
+  }
+  template <class Rng>
+  static void init(const Arguments& a, const Rng& rng, int canvas, std::int64_t, std::int32_t* out, int length) {
+    for (int i = 0; i < length; ++i) {
+      out[i] = a.first + rng.token(DrawPurpose::kInit, canvas, 0, i, a.count);
+      if (a.initial != nullptr) a.initial->push_back(out[i]);
+    }
+  }
+  template <class Rng>
+  static std::int32_t renoise(const Arguments& a, const Rng& rng, int canvas, int step, int position, std::int64_t) {
+    const std::int32_t t = a.first + rng.token(DrawPurpose::kRenoise, canvas, step, position, a.count);
+    if (a.renoised != nullptr) a.renoised->push_back(t);
+    return t;
+  }
+};
+
+}  // namespace
+
+static_assert(is_state_policy<RangeState>::value && is_state_policy<UniformState>::value,
+              "a State policy may take its Arguments or not");
+static_assert(!is_state_policy<EntropyBound>::value, "an Acceptance policy is not a State policy");
+
+TEST_CASE("a State policy receives its Arguments in init and renoise, and can refuse them", "[sampler][runtime]") {
+  using RangeSampler = Sampler<RangeState>;
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  Decoder<cpu::Engine<DiffusionGemmaBackbone>, RangeSampler> decoder(model);
+  auto o = decltype(decoder)::default_options(model->generation_config());
+  run_every_step(o);
+  o.sampler.acceptance.entropy_bound = 1e-30;       // keeps few positions, so most are renoised
+  std::vector<std::int32_t> initial, renoised;
+  o.sampler.state = RangeState::Arguments{40, 3, &initial, &renoised};
+  decoder.generate({2, 5, 9}, o);
+  CHECK(initial.size() == 16);  // two canvases of 8
+  CHECK_FALSE(renoised.empty());
+  std::vector<std::int32_t> all = initial;
+  all.insert(all.end(), renoised.begin(), renoised.end());
+  for (const auto t : all) {
+    INFO("token " << t);
+    CHECK((t >= 40 && t < 43));
+  }
+  CHECK(std::set<std::int32_t>(all.begin(), all.end()).size() == 3);
+
+  o.sampler.state.count = 0;
+  CHECK_FALSE(RangeSampler::can_implement(o.sampler).ok());
+  CHECK_THROWS_WITH(decoder.generate({2, 5, 9}, o), Catch::Matchers::Contains("RangeState: empty range"));
+}

@@ -234,7 +234,7 @@ class Sequence {
     sr.steps_remaining = n;
     sr.temperature = Sampler::Schedule::temperature(options_.sampler.schedule, n, N);
     for (int i = 0; i < C; ++i) {
-      canvas_[i] = accepted_[i] ? candidate_[i] : Sampler::State::renoise(rng_, b_, s, i, V);
+      canvas_[i] = accepted_[i] ? candidate_[i] : Sampler::renoise(options_.sampler, rng_, b_, s, i, V);
       sr.accepted += accepted_[i];
       sr.draft_changes += stats_.argmax[i] != draft_[i];
       sr.max_entropy = std::max(sr.max_entropy, stats_.entropy[i]);
@@ -307,7 +307,7 @@ class Sequence {
     canvas_.resize(C);
     candidate_.resize(C);
     accepted_.resize(C);
-    Sampler::State::init(rng_, b, cfg_->vocab_size, canvas_.data(), C_);
+    Sampler::init_canvas(options_.sampler, rng_, b, cfg_->vocab_size, canvas_.data(), C_);
     Sampler::Stopping::reset(options_.sampler.stopping, stopping_state_);
     rec_ = CanvasRecord{};
     rec_recorded_ = false;

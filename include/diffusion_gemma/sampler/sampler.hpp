@@ -32,7 +32,8 @@ template <class State_ = UniformState, class Conditioning_ = SelfConditioning, c
 class Sampler {
   static_assert(is_state_policy<State_>::value,
                 "Sampler<State, ...>: State must define Arguments, template init(rng, canvas, vocab, out, length) and "
-                "renoise(rng, canvas, step, position, vocab); see sampler/uniform_state.hpp and docs/policies.md");
+                "renoise(rng, canvas, step, position, vocab), either of them optionally with const Arguments& first; "
+                "see sampler/uniform_state.hpp and docs/policies.md");
   static_assert(is_conditioning_policy<Conditioning_>::value,
                 "Sampler<State, Conditioning, ...>: Conditioning must define Arguments and static constexpr bool kEnabled; "
                 "see sampler/conditioning.hpp");
@@ -76,11 +77,41 @@ class Sampler {
     if (a.max_denoising_steps <= 0) {
       return make_status(StatusCode::kInvalidArgument, "max denoising steps must be positive (got ", a.max_denoising_steps, ")");
     }
-    for (const Status& s : {Acceptance::can_implement(a.acceptance), Schedule::can_implement(a.schedule),
+    for (const Status& s : {optional_can_implement<State>(a.state), optional_can_implement<Conditioning>(a.conditioning),
+                            Acceptance::can_implement(a.acceptance), Schedule::can_implement(a.schedule),
                             Stopping::can_implement(a.stopping)}) {
       if (!s.ok()) return s;
     }
     return {};
+  }
+
+  // The State policy's first canvas and renoised tokens, with its Arguments where it takes them.
+  template <class R>
+  static void init_canvas(const Arguments& a, const R& rng, int canvas, std::int64_t vocab, std::int32_t* out,
+                          int length) {
+    if constexpr (has_state_init_with_arguments<State>::value) {
+      State::init(a.state, rng, canvas, vocab, out, length);
+    } else {
+      State::init(rng, canvas, vocab, out, length);
+    }
+  }
+  template <class R>
+  static std::int32_t renoise(const Arguments& a, const R& rng, int canvas, int step, int position, std::int64_t vocab) {
+    if constexpr (has_state_renoise_with_arguments<State>::value) {
+      return State::renoise(a.state, rng, canvas, step, position, vocab);
+    } else {
+      return State::renoise(rng, canvas, step, position, vocab);
+    }
+  }
+
+ private:
+  template <class P>
+  static Status optional_can_implement(const typename P::Arguments& a) {
+    if constexpr (has_can_implement<P>::value) {
+      return P::can_implement(a);
+    } else {
+      return {};
+    }
   }
 };
 
