@@ -101,8 +101,8 @@ int cmd_batch(const std::vector<std::string>& args) {
   auto specs = sampler_flag_specs();
   const std::vector<FlagSpec> own = {
       {"model", "DIR", "checkpoint directory (default: the bundled model, models/dg-tiny-tasks)"},
-      {"input", "FILE", "JSON Lines: each line a prompt string, or {\"prompt\" | \"prompt_ids\", \"seed\", \"max_new_tokens\"}"},
-      {"output", "FILE", "write the results here (default: standard output)"},
+      {"input", "FILE", "JSON Lines (- for standard input): each line a prompt string, or {\"prompt\" | \"prompt_ids\", \"seed\", \"max_new_tokens\"}"},
+      {"output", "FILE", "write the results here (default, or -: standard output)"},
       {"max-batch", "N", "sequences denoised together (default 16)"},
       {"chat", "", "wrap each text prompt as a user turn of the Gemma 4 chat format (prompt_ids stay as given)"},
       {"system", "TEXT", "system turn (with --chat)"},
@@ -127,13 +127,15 @@ int cmd_batch(const std::vector<std::string>& args) {
   if ((f.has("system") || f.flag("think")) && !f.flag("chat")) throw UsageError("--system and --think need --chat");
   const std::string dir = f.str("model", DG_DEFAULT_MODEL_DIR);
   const int max_batch = static_cast<int>(f.integer("max-batch", 16, 1, 1024));
-  const std::string input = f.str("input");
-  const std::string text = dg::io::read_text_file(input);  // names the file when it is missing or not a file
+  const std::string text = read_user_input(f.str("input"));  // names the file when it is missing or not a file
+  const std::string input = f.str("input") == "-" ? "standard input" : f.str("input");  // as errors name it
+  // "-" is standard output, as the default is.
+  const bool to_file = f.has("output") && f.str("output") != "-";
   // Flags that need no model are checked before the (possibly long) load.
   const dg::cpu::EngineOptions engine_opts = engine_options(f, dg::cpu::EngineOptions{}.precision);
   const std::size_t budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
   const std::uint64_t seed = f.unsigned_integer("seed", 0);
-  if (f.has("output")) refuse_overwriting_checkpoint("output", f.str("output"), dir);
+  if (to_file) refuse_overwriting_checkpoint("output", f.str("output"), dir);
   auto model = load_model(dir, f.flag("check-weights"));
   const auto& cfg = model->config();
   if (!cfg.is_diffusion()) throw UsageError(dir + " is not a DiffusionGemma checkpoint (model_type diffusion_gemma)");
@@ -163,7 +165,7 @@ int cmd_batch(const std::vector<std::string>& args) {
     items.back().line = line_no;
   }
   if (items.empty()) throw UsageError(input + ": no prompts (one JSON value per line)");
-  if (f.has("output")) require_writable(f.str("output"));  // now, not after the last prompt
+  if (to_file) require_writable(f.str("output"));  // now, not after the last prompt
   Engine engine(model, engine_opts);
   Batcher::Limits limits;
   limits.max_batch = max_batch;
@@ -214,7 +216,7 @@ int cmd_batch(const std::vector<std::string>& args) {
   // The output is opened (and truncated: it may be the input) only once every flag and line has
   // passed, still before any work.
   std::ofstream file;
-  if (f.has("output")) {
+  if (to_file) {
     file.open(f.str("output"), std::ios::binary | std::ios::trunc);
     if (!file) throw dg::Error(dg::StatusCode::kNotFound, f.str("output") + ": cannot be written");
   }
@@ -235,7 +237,7 @@ int cmd_batch(const std::vector<std::string>& args) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  std::ostream& out = f.has("output") ? static_cast<std::ostream&>(file) : std::cout;
+  std::ostream& out = to_file ? static_cast<std::ostream&>(file) : std::cout;
   for (std::size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
     out << (it.done ? it.result : nlohmann::ordered_json{{"index", i}, {"line", it.line}, {"error", "not run"}})

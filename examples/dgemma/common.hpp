@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdio>
+#include <fstream>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +45,35 @@ inline std::string decode_known(const diffusion_gemma::io::Tokenizer& tok, const
 }
 
 inline bool stderr_is_terminal() { return ::isatty(2) == 1; }
+
+// A text input the user names on the command line, read to its end: "-" is standard input, a pipe
+// or terminal (/dev/stdin, a shell's <(...)) is read as it comes, and anything else goes through
+// io::read_text_file, which refuses directories and special files by name. A stream is capped so
+// that /dev/zero or a runaway producer ends in an error rather than in the OOM killer.
+inline std::string read_user_input(const std::string& path) {
+  constexpr std::size_t kMaxStreamBytes = std::size_t{1} << 30;
+  const auto read_stream = [&](std::istream& in, const std::string& name) {
+    std::string text;
+    char buf[1 << 16];
+    while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+      text.append(buf, static_cast<std::size_t>(in.gcount()));
+      if (text.size() > kMaxStreamBytes) {
+        throw diffusion_gemma::Error(diffusion_gemma::StatusCode::kInvalidArgument,
+                                     name + ": more than " + std::to_string(kMaxStreamBytes >> 20) + " MiB");
+      }
+    }
+    if (in.bad()) throw diffusion_gemma::Error(diffusion_gemma::StatusCode::kIoError, name + ": read failed");
+    return text;
+  };
+  if (path == "-") return read_stream(std::cin, "standard input");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode))) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw diffusion_gemma::Error(diffusion_gemma::StatusCode::kNotFound, path + ": cannot open");
+    return read_stream(in, path);
+  }
+  return diffusion_gemma::io::read_text_file(path);
+}
 
 // Fails, naming `path`, when an output file could not be opened for writing; finds that out
 // without creating or truncating anything, so that it can run before a long job whose later

@@ -154,7 +154,7 @@ class CanvasView {
 };
 
 std::string read_prompt_file(const std::string& path) {
-  const std::string text = dg::io::read_text_file(path);
+  const std::string text = read_user_input(path);
   const auto bad = dg::io::find_invalid_utf8(text);
   if (bad != std::string::npos) {
     throw dg::Error(dg::StatusCode::kInvalidArgument, path + ": not valid UTF-8 (byte " + std::to_string(bad) + ")");
@@ -169,7 +169,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   const std::vector<FlagSpec> own = {
       {"model", "DIR", "checkpoint directory (default: the bundled model, models/dg-tiny-tasks)"},
       {"prompt", "TEXT", "the prompt as text"},
-      {"prompt-file", "FILE", "read the prompt from a UTF-8 file"},
+      {"prompt-file", "FILE", "read the prompt from a UTF-8 file (- for standard input)"},
       {"prompt-ids", "IDS", "the prompt as comma-separated token ids (no tokenizer needed)"},
       {"chat", "", "wrap the prompt as a user turn of the Gemma 4 chat format"},
       {"system", "TEXT", "system turn (with --chat)"},

@@ -297,7 +297,7 @@ int cmd_tokenize(const std::vector<std::string>& args, bool detokenize) {
     specs.push_back({"no-special", "", "drop special tokens from the text (default: keep them)"});
   } else {
     specs.push_back({"text", "TEXT", "the text"});
-    specs.push_back({"text-file", "FILE", "read the text from a file"});
+    specs.push_back({"text-file", "FILE", "read the text from a file (- for standard input)"});
     specs.push_back({"no-special", "", "do not add special tokens (no <bos>)"});
   }
   Flags f(detokenize ? "detokenize" : "tokenize",
@@ -316,7 +316,7 @@ int cmd_tokenize(const std::vector<std::string>& args, bool detokenize) {
     return 0;
   }
   if (f.has("text") == f.has("text-file")) throw UsageError("give exactly one of --text, --text-file");
-  const std::string text = f.has("text") ? f.str("text") : dg::io::read_text_file(f.str("text-file"));
+  const std::string text = f.has("text") ? f.str("text") : read_user_input(f.str("text-file"));
   // As `dgemma generate` refuses such a prompt: the tokenizer would encode U+FFFD in place of the
   // bad bytes, ids that no prompt of the user's ever runs.
   const auto bad = dg::io::find_invalid_utf8(text);

@@ -87,6 +87,37 @@ file(READ "${own}/config.json" config_kept)
 if(NOT size_after EQUAL size_before OR NOT config_kept STREQUAL config_expected)
   message(FATAL_ERROR "a refused output changed the checkpoint (model.safetensors ${size_before} -> ${size_after} bytes)")
 endif()
+# Inputs from a pipe: "-" (and /dev/stdin) read standard input, and give what the same file gives.
+file(WRITE "${WORK}/pipe_prompt.txt" "Add: 7 + 5")
+file(WRITE "${WORK}/pipe_batch.jsonl" "\"Sort: b a\"\n{\"prompt\": \"Add: 1 + 2\", \"seed\": 4}\n")
+foreach(run "generate;--prompt-file;pipe_prompt.txt;--json;--max-new-tokens;16;--threads;1"
+            "tokenize;--text-file;pipe_prompt.txt;--no-special"
+            "batch;--input;pipe_batch.jsonl;--max-new-tokens;16;--threads;1")
+  list(GET run 0 command)
+  list(GET run 1 flag)
+  list(GET run 2 name)
+  list(SUBLIST run 3 -1 rest)
+  execute_process(COMMAND ${DGEMMA} ${command} --model ${MODEL} ${flag} ${WORK}/${name} ${rest}
+                  RESULT_VARIABLE rc1 OUTPUT_VARIABLE from_file ERROR_VARIABLE err1)
+  string(REGEX REPLACE "\"seconds\":[-+.e0-9]+" "" from_file "${from_file}")  # timings differ between runs
+  foreach(stdin_name "-" "/dev/stdin")
+    execute_process(COMMAND ${DGEMMA} ${command} --model ${MODEL} ${flag} ${stdin_name} ${rest}
+                    INPUT_FILE ${WORK}/${name} RESULT_VARIABLE rc2 OUTPUT_VARIABLE from_pipe ERROR_VARIABLE err2)
+    string(REGEX REPLACE "\"seconds\":[-+.e0-9]+" "" from_pipe "${from_pipe}")
+    if(NOT rc1 EQUAL 0 OR NOT rc2 EQUAL 0 OR from_file STREQUAL "" OR NOT from_pipe STREQUAL from_file)
+      message(FATAL_ERROR "dgemma ${command} ${flag} ${stdin_name}: '${from_pipe}' (${rc2}: ${err2}) against the file's "
+                          "'${from_file}' (${rc1}: ${err1})")
+    endif()
+  endforeach()
+endforeach()
+# batch's --output - is standard output, as no --output is (and no file named "-" appears).
+execute_process(COMMAND ${DGEMMA} batch --model ${MODEL} --input - --output - --max-new-tokens 16 --threads 1
+                INPUT_FILE ${WORK}/pipe_batch.jsonl WORKING_DIRECTORY ${WORK} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(REGEX REPLACE "\"seconds\":[-+.e0-9]+" "" out "${out}")
+if(NOT rc EQUAL 0 OR NOT out STREQUAL from_file OR EXISTS "${WORK}/-")
+  message(FATAL_ERROR "dgemma batch --output -: '${out}' (${rc}: ${err}) against '${from_file}'")
+endif()
+expect_failure("standard input: .*no prompts" batch --model ${MODEL} --input - INPUT_FILE /dev/null)
 # The text generate streams, canvas by canvas, is the text of its --json answer.
 foreach(prompt "Add: 12 + 30" "Sort: c a b")
   set(common generate --model ${MODEL} --prompt "${prompt}" --max-new-tokens 48 --threads 1 --seed 3)
