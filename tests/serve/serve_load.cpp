@@ -193,6 +193,7 @@ int main(int argc, char** argv) {
       if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
     CHECK(drained, "requests left after the load:\n" + m);
+    CHECK(metric(m, "dgemma_batch_size") == 0, "an idle server's batch size:\n" + m);
     CHECK(metric(m, "dgemma_client_disconnects_total") >= hung_up, "disconnects: " + m);
     // The hung-up requests were cancelled rather than run to their 200 tokens each: what the server
     // generated beyond the answers is well under that (a stop sequence's request may also run a

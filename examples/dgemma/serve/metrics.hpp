@@ -98,9 +98,9 @@ class Metrics {
     for (const auto& [key, n] : requests_) {
       out << "dgemma_requests_total{endpoint=\"" << key.first << "\",status=\"" << key.second << "\"} " << n << "\n";
     }
-    gauge(out, "dgemma_queue_depth", "Accepted requests waiting for a batch slot.", g.queued);
-    gauge(out, "dgemma_active_requests", "Requests in the running batch.", g.active);
-    gauge(out, "dgemma_batch_size", "Sequences denoised together in the last pass.", g.last_batch);
+    gauge(out, "dgemma_queue_depth", "Accepted sequences (one per prompt and choice) waiting for a batch slot.", g.queued);
+    gauge(out, "dgemma_active_requests", "Sequences in the running batch.", g.active);
+    gauge(out, "dgemma_batch_size", "Sequences denoised together in the last pass; 0 while none runs.", g.last_batch);
     gauge(out, "dgemma_memory_in_use_bytes", "KV caches and workspace held by requests (beyond the weights).",
           g.bytes_in_use);
     gauge(out, "dgemma_memory_budget_bytes", "The --memory-budget (0: no limit).", g.memory_budget);

@@ -420,7 +420,7 @@ class Server {
       g.active = s.active;
       g.bytes_in_use = s.bytes_in_use;
       g.memory_budget = limits_.memory_budget_bytes;
-      g.last_batch = s.last_batch;
+      g.last_batch = s.active > 0 ? s.last_batch : 0;  // an idle server denoises nothing
       g.passes = s.passes;
       g.denoise_rows = s.denoise_rows;
       res.set_content(metrics_.render(g), "text/plain; version=0.0.4");
