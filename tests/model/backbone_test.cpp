@@ -296,6 +296,25 @@ TEST_CASE("request_bytes sizes the workspace by the largest pass, not by the pro
   CHECK(h.engine.request_bytes(1000, 8, 1024) > h.engine.request_bytes(1000, 8, C));
 }
 
+TEST_CASE("request_bytes counts attention's keys and values laid out as fp32 panels (AVX2)", "[model][cpu]") {
+  Harness<DiffusionGemmaBackbone> h(dg_test::fixture("dg_small"));
+  // Wide KV heads: their panels (8 heads x 2 x 256 floats per key) outgrow the bf16 tile layouts.
+  ModelConfig cfg = h.model->config();
+  for (auto& layer : cfg.layers) {
+    layer.num_kv_heads = 8;
+    layer.head_dim = 256;
+  }
+  using E = cpu::Engine<DiffusionGemmaBackbone>;
+  const std::int64_t T = 256, small = 1000, large = 3000;  // both under E::kMaxPanelFloats
+  const auto panel_bytes = [&](std::int64_t keys) {
+    return 8 * (cpu::PanelOperand::floats(keys, 256) + cpu::PanelOperand::floats(256, keys)) * sizeof(float);
+  };
+  REQUIRE(panel_bytes(large + T) / sizeof(float) <= E::kMaxPanelFloats);
+  const std::size_t grown = E::request_bytes(cfg, large, T, 1) - E::request_bytes(cfg, small, T, 1);
+  CHECK(grown >= cpu::KvCache::bytes_for(cfg, large) - cpu::KvCache::bytes_for(cfg, small) + panel_bytes(large + T) -
+                     panel_bytes(small + T));
+}
+
 TEST_CASE("the CPU engine reads the shared host-built RoPE tables", "[model][cpu]") {
   Harness<DiffusionGemmaBackbone> h(dg_test::fixture("dg_wide"));
   const RopeTables expected = RopeTables::build(h.model->config());

@@ -156,7 +156,8 @@ class Engine {
       dmax = std::max<std::size_t>(dmax, static_cast<std::size_t>(s.head_dim));
     }
     std::size_t floats = T * (6 * H + 2 * qd + 2 * kd + 2 * I + dmax);
-    floats += th * 64 * (static_cast<std::size_t>(capacity) + T);  // attention scores, one query block per thread
+    // attention scores, one query block per thread (its keys rounded up to a panel)
+    floats += th * kQueryBlock * (static_cast<std::size_t>(capacity) + T + kernels::kPairPanelWidth);
     floats += 2 * T * (static_cast<std::size_t>(capacity) + T) / 4;  // visibility masks, two layer types (bytes)
     if (cfg.enable_moe_block) {
       const std::size_t E = cfg.num_experts, K = cfg.top_k_experts, Im = cfg.moe_intermediate_size;
@@ -168,15 +169,21 @@ class Engine {
     }
     floats += 2 * T * H;  // the hidden states and the SC state of denoise_step
     std::size_t bytes = floats * sizeof(float) + 2 * T * std::max(H, I) * 2;  // bf16 packed activations
-    // Attention on AMX tiles (fast): every KV head's visible keys and values in bf16 tile layouts,
-    // and one head's fp32 rows per thread while they are converted.
-    std::size_t kv_tiles = 0;
+    // Every KV head's visible keys and values laid out once per layer: in bf16 tile layouts for
+    // attention on AMX tiles (fast), or as fp32 panels on AVX2 (up to kMaxPanelFloats; past it the
+    // products run without them). The kernels are chosen at run time, so the larger of the two;
+    // plus one head's fp32 rows per thread while they are converted.
+    std::size_t kv_layout = 0;
     const std::size_t keys = static_cast<std::size_t>(capacity) + T + 32;
     for (const auto& s : cfg.layers) {
-      const std::size_t d = static_cast<std::size_t>(s.head_dim);
-      kv_tiles = std::max(kv_tiles, static_cast<std::size_t>(s.num_kv_heads) * keys * ((d + 31) / 32 * 32 + (d + 15) / 16 * 16) * 2);
+      const std::size_t d = static_cast<std::size_t>(s.head_dim), hkv = static_cast<std::size_t>(s.num_kv_heads);
+      const std::size_t tiles = hkv * keys * ((d + 31) / 32 * 32 + (d + 15) / 16 * 16) * 2;
+      const std::size_t panels =
+          std::min(kMaxPanelFloats, hkv * (PanelOperand::floats(static_cast<std::int64_t>(keys), static_cast<std::int64_t>(d)) +
+                                           PanelOperand::floats(static_cast<std::int64_t>(d), static_cast<std::int64_t>(keys))));
+      kv_layout = std::max({kv_layout, tiles, panels * sizeof(float)});
     }
-    bytes += kv_tiles + th * keys * dmax * sizeof(float);
+    bytes += kv_layout + th * keys * dmax * sizeof(float);
     if (cfg.is_diffusion()) bytes += VocabPass::workspace_bytes(static_cast<std::int64_t>(T), cfg.hidden_size);
     return KvCache::bytes_for(cfg, capacity) + bytes;
   }
