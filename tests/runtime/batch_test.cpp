@@ -430,6 +430,27 @@ TEST_CASE("BatchDecoder lays rows out as transformers' batched generate does", "
   std::vector<Options> no_pad = options;
   no_pad[1].scheduler.pad_token_id = kNoPadToken;
   CHECK_THROWS_WITH(batch.generate(prompts, no_pad), Catch::Matchers::Contains("row 1 has no pad_token_id"));
+  // ... but rows that cannot stop early (no stop ids, one budget) run without it, as transformers does.
+  for (auto& o : no_pad) {
+    o.scheduler.pad_token_id = kNoPadToken;
+    o.scheduler.stop_token_ids.clear();
+  }
+  const BatchResult np = batch.generate(prompts, no_pad, BatchGenerateOptions{2, -7});
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    INFO("row " << i);
+    CHECK(answer(np.rows[i]) == answer(single.generate(prompts[i], no_pad[i])));
+    CHECK(np.sequences[i].size() == longest + 3 * static_cast<std::size_t>(C));
+  }
+  // A limit the longest prompt already reaches is named with that prompt, not the row's own.
+  std::vector<Options> short_limit = limited;
+  for (auto& o : short_limit) o.scheduler.max_length = static_cast<int>(longest);
+  CHECK_THROWS_WITH(batch.generate(prompts, short_limit),
+                    Catch::Matchers::Contains("row 0: max_length " + std::to_string(longest) +
+                                              " leaves no new token after the batch's longest prompt"));
+  // A row the plan refuses is named.
+  std::vector<std::vector<std::int32_t>> with_empty = prompts;
+  with_empty[2].clear();
+  CHECK_THROWS_WITH(batch.generate(with_empty, options), Catch::Matchers::Contains("row 2: the prompt is empty"));
   // Mismatched options are refused before any work.
   options.pop_back();
   CHECK_THROWS_AS(batch.generate(prompts, options), Error);

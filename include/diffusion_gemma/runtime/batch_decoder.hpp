@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -64,12 +65,17 @@ class BatchDecoder {
     for (const auto& p : prompts) longest = std::max(longest, p.size());
     std::vector<Options> rows = options;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
-      if (rows[i].scheduler.pad_token_id == kNoPadToken) {
-        // Without PAD, transformers keeps generating real tokens in a row that has stopped until
-        // every row has, so a row's output would depend on the others.
+      // Without PAD, transformers keeps generating real tokens in a row that has stopped until every
+      // row has, so a row that can stop early (a stop id, a shorter budget) would depend on the
+      // others; with one row, or rows that all run the same canvases, nothing is filled with PAD.
+      const bool can_end_early = !rows[i].scheduler.stop_token_ids.empty() ||
+                                 rows[i].scheduler.max_new_tokens != rows[0].scheduler.max_new_tokens;
+      if (rows[i].scheduler.pad_token_id == kNoPadToken && prompts.size() > 1 && can_end_early) {
         throw_error(StatusCode::kInvalidArgument, "BatchDecoder::generate: row ", i,
-                    " has no pad_token_id; a batch needs one (transformers' batched generate without it keeps "
-                    "generating the rows that stopped)");
+                    " has no pad_token_id but can end before the others (stop ids, or max_new_tokens ",
+                    rows[i].scheduler.max_new_tokens, " against row 0's ", rows[0].scheduler.max_new_tokens,
+                    "); a batch needs one (transformers' batched generate without it keeps generating the rows that "
+                    "stopped)");
       }
       int& max_length = rows[i].scheduler.max_length;
       // At least 1: 0 would mean unset. A limit the padding already reaches stops after one canvas
@@ -77,8 +83,19 @@ class BatchDecoder {
       if (max_length > 0) max_length = std::max(1, max_length - static_cast<int>(longest - prompts[i].size()));
     }
     for (std::size_t i = 0; i < prompts.size(); ++i) {  // plan every row first: fail before any work
-      Sequence<Engine, Sampler, Scheduler> check(engine_, prompts[i], rows[i]);
-      (void)check;
+      const auto& asked = options[i].scheduler;
+      if (asked.max_length > 0 && asked.max_new_tokens == GenerationConfig::kDefaultMaxNewTokens &&
+          static_cast<std::size_t>(asked.max_length) <= longest) {
+        throw_error(StatusCode::kInvalidArgument, "BatchDecoder::generate: row ", i, ": max_length ", asked.max_length,
+                    " leaves no new token after the batch's longest prompt of ", longest,
+                    " tokens (transformers measures max_length from the left-padded prompts)");
+      }
+      try {
+        Sequence<Engine, Sampler, Scheduler> check(engine_, prompts[i], rows[i]);
+        (void)check;
+      } catch (const Error& e) {
+        throw Error(e.code(), "BatchDecoder::generate: row " + std::to_string(i) + ": " + e.what());
+      }
     }
     typename ContinuousBatcher<Engine, Sampler, Scheduler>::Limits limits;
     limits.max_batch = batch.max_batch > 0 ? batch.max_batch : std::max<int>(1, static_cast<int>(prompts.size()));
