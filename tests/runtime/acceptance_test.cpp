@@ -14,6 +14,7 @@
 #include <diffusion_gemma/cpu/engine.hpp>
 #include <diffusion_gemma/cpu/model.hpp>
 #include <diffusion_gemma/io/json_file.hpp>
+#include <diffusion_gemma/runtime/batch_decoder.hpp>
 #include <diffusion_gemma/runtime/decoder.hpp>
 #include <diffusion_gemma/sampler/acceptance.hpp>
 
@@ -226,4 +227,84 @@ TEST_CASE("a State policy receives its Arguments in init and renoise, and can re
   o.sampler.state.count = 0;
   CHECK_FALSE(RangeSampler::can_implement(o.sampler).ok());
   CHECK_THROWS_WITH(decoder.generate({2, 5, 9}, o), Catch::Matchers::Contains("RangeState: empty range"));
+}
+
+namespace {
+
+// A "greedy" schedule: T = 0 would divide the logits by zero.
+struct ZeroTemperature {
+  struct Arguments {};
+  static Status can_implement(const Arguments&) { return {}; }
+  static float temperature(const Arguments&, int, int) { return 0.0f; }
+};
+
+// Renoises from a draw keyed by the Rng's own key (a legal use of the Rng: a State is checked with
+// the Sampler's Rng type, not a stand-in that has only token()).
+struct KeyedState {
+  struct Arguments {};
+  template <class Rng>
+  static void init(const Rng& rng, int canvas, std::int64_t vocab, std::int32_t* out, int length) {
+    UniformState::init(rng, canvas, vocab, out, length);
+  }
+  template <class Rng>
+  static auto renoise(const Rng& rng, int canvas, int step, int position, std::int64_t vocab) {
+    const DrawKey k = rng.key(canvas, step);
+    (void)k;
+    return rng.token(DrawPurpose::kRenoise, canvas, step, position, vocab);
+  }
+};
+
+}  // namespace
+
+static_assert(is_state_policy<KeyedState, PhiloxRng>::value, "a State may call any member of the Sampler's Rng");
+
+TEST_CASE("a Schedule's temperature must be positive and finite", "[sampler][runtime]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  Decoder<cpu::Engine<DiffusionGemmaBackbone>, Sampler<UniformState, SelfConditioning, EntropyBound, ZeroTemperature>>
+      decoder(model);
+  auto o = decltype(decoder)::default_options(model->generation_config());
+  run_every_step(o);
+  CHECK_THROWS_WITH(decoder.generate({2, 5, 9}, o),
+                    Catch::Matchers::Contains("temperature at canvas 0, step 0 is 0; it must be positive and finite"));
+}
+
+TEST_CASE("a State's token outside the vocabulary ends its own request, not its batch", "[sampler][runtime]") {
+  using RangeSampler = Sampler<RangeState>;
+  auto model = cpu::Model::load(dg_test::fixture("dg_small"));
+  cpu::EngineOptions eo;
+  eo.threads = 1;
+  BatchDecoder<cpu::Engine<DiffusionGemmaBackbone>, RangeSampler> batch(model, eo);
+  Decoder<cpu::Engine<DiffusionGemmaBackbone>, RangeSampler> single(model, eo);
+  auto good = decltype(single)::default_options(model->generation_config());
+  run_every_step(good);
+  good.sampler.state = RangeState::Arguments{40, 3, nullptr, nullptr};
+  auto bad = good;
+  bad.sampler.state.first = static_cast<std::int32_t>(model->config().vocab_size);  // can_implement cannot see V
+  const std::vector<std::int32_t> prompt{2, 5, 9};
+  CHECK_THROWS_WITH(single.generate(prompt, bad),
+                    Catch::Matchers::Contains("the State policy's init put token id") &&
+                        Catch::Matchers::Contains("outside the vocabulary [0, " +
+                                                  std::to_string(model->config().vocab_size) + ")"));
+  // In a batch the healthy row is not failed with it, and the failure names the bad row.
+  cpu::Engine<DiffusionGemmaBackbone> engine(model, eo);
+  ContinuousBatcher<cpu::Engine<DiffusionGemmaBackbone>, RangeSampler> batcher(engine, {});
+  Status bad_status, good_status;
+  GenerationResult good_result;
+  for (int i = 0; i < 2; ++i) {
+    decltype(batcher)::Request r;
+    r.prompt = prompt;
+    r.options = i == 0 ? bad : good;
+    r.on_done = [&, i](const GenerationResult& g, const Status& st) {
+      (i == 0 ? bad_status : good_status) = st;
+      if (i == 1) good_result = g;
+    };
+    batcher.submit(std::move(r));
+  }
+  while (batcher.step()) {
+  }
+  CHECK_FALSE(bad_status.ok());
+  CHECK(bad_status.message().find("outside the vocabulary") != std::string::npos);
+  CHECK(good_status.ok());
+  CHECK(good_result.tokens == single.generate(prompt, good).tokens);
+  CHECK_THROWS_WITH(batch.generate({prompt, prompt}, {good, bad}), Catch::Matchers::Contains("row 1"));
 }

@@ -259,7 +259,13 @@ class ContinuousBatcher {
     std::uint64_t rows = 0;
     for (std::size_t i = 0; i < active_.size(); ++i) {
       if (active_[i].seq->work() != Work::kDenoise) continue;
-      items.push_back(active_[i].seq->denoise_item(&active_[i].state));
+      try {  // a request whose own options fail here (its Schedule's temperature) ends alone
+        items.push_back(active_[i].seq->denoise_item(&active_[i].state));
+      } catch (const std::exception& err) {
+        active_[i].seq->cancel();
+        active_[i].status = status_of(err, "before a pass");
+        continue;
+      }
       rows += static_cast<std::uint64_t>(items.back().n);
       members.push_back(i);
     }

@@ -182,6 +182,12 @@ class Sequence {
     it.first_step = s_ == 0;
     it.cache = cache_.get();
     it.args.temperature = Sampler::Schedule::temperature(options_.sampler.schedule, N - s_, N);
+    // The pass divides the logits by T: at 0 (a "greedy" schedule) or below, or at NaN, its
+    // statistics are finite but meaningless, and the step would go on with them.
+    if (!(it.args.temperature > 0.0f) || !(it.args.temperature - it.args.temperature == 0.0f)) {
+      throw_error(StatusCode::kInvalidArgument, "the Schedule policy's temperature at canvas ", b_, ", step ", s_, " is ",
+                  it.args.temperature, "; it must be positive and finite");
+    }
     it.args.soft_embedding = Sampler::Conditioning::kEnabled;  // SC is reset at every canvas: s == 0
     it.args.sample = !Sampler::Rng::kReplaysSamples;
     it.args.key = rng_.key(b_, s_);
@@ -234,7 +240,12 @@ class Sequence {
     sr.steps_remaining = n;
     sr.temperature = Sampler::Schedule::temperature(options_.sampler.schedule, n, N);
     for (int i = 0; i < C; ++i) {
-      canvas_[i] = accepted_[i] ? candidate_[i] : Sampler::renoise(options_.sampler, rng_, b_, s, i, V);
+      if (accepted_[i]) {
+        canvas_[i] = candidate_[i];
+      } else {
+        canvas_[i] = Sampler::renoise(options_.sampler, rng_, b_, s, i, V);
+        check_state_token(canvas_[i], i, "renoise");
+      }
       sr.accepted += accepted_[i];
       sr.draft_changes += stats_.argmax[i] != draft_[i];
       sr.max_entropy = std::max(sr.max_entropy, stats_.entropy[i]);
@@ -294,6 +305,15 @@ class Sequence {
   using clock = std::chrono::steady_clock;
   static double since(clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); }
 
+  // The State policy's tokens go into the next pass, where one outside the vocabulary would fail
+  // every sequence of that pass: it ends this request here instead, named.
+  void check_state_token(std::int32_t id, int position, const char* what) const {
+    if (id < 0 || id >= cfg_->vocab_size) {
+      throw_error(StatusCode::kInvalidArgument, "the State policy's ", what, " put token id ", id, " at canvas ", b_,
+                  ", position ", position, ", outside the vocabulary [0, ", cfg_->vocab_size, ")");
+    }
+  }
+
   void begin_canvas(int b) {
     if (b >= plan_.num_canvases || finished_) {
       finish();
@@ -308,6 +328,7 @@ class Sequence {
     candidate_.resize(C);
     accepted_.resize(C);
     Sampler::init_canvas(options_.sampler, rng_, b, cfg_->vocab_size, canvas_.data(), C_);
+    for (int i = 0; i < C_; ++i) check_state_token(canvas_[static_cast<std::size_t>(i)], i, "init");
     Sampler::Stopping::reset(options_.sampler.stopping, stopping_state_);
     rec_ = CanvasRecord{};
     rec_recorded_ = false;

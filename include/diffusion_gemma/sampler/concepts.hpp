@@ -20,46 +20,55 @@ using void_t = void;
 
 // State: Arguments, template init(rng, canvas, vocab, out, length) and renoise(rng, canvas, step,
 // pos, vocab), each either as written or with the policy's Arguments first (init(args, rng, ...)):
-// a policy with options (a mask token, a range of ids) reads them there.
+// a policy with options (a mask token, a range of ids) reads them there. Checked with the
+// Sampler's own Rng (R), so a State may use any of its members; DetectRng stands in for one
+// when a State is checked alone.
 struct DetectRng {
+  DrawKey key(int, int) const { return {}; }
   std::int32_t token(DrawPurpose, int, int, int, std::int64_t) const { return 0; }
 };
-template <class P, class = void>
+template <class P, class R, class = void>
 struct has_state_init_with_arguments : std::false_type {};
-template <class P>
-struct has_state_init_with_arguments<P, detail::void_t<decltype(P::init(std::declval<const typename P::Arguments&>(), DetectRng{}, 0,
-                                                                        std::int64_t{}, (std::int32_t*)nullptr, 0))>>
-    : std::true_type {};
-template <class P, class = void>
+template <class P, class R>
+struct has_state_init_with_arguments<
+    P, R, detail::void_t<decltype(P::init(std::declval<const typename P::Arguments&>(), std::declval<const R&>(), 0,
+                                          std::int64_t{}, (std::int32_t*)nullptr, 0))>> : std::true_type {};
+template <class P, class R, class = void>
 struct has_state_init : std::false_type {};
-template <class P>
-struct has_state_init<P, detail::void_t<decltype(P::init(DetectRng{}, 0, std::int64_t{}, (std::int32_t*)nullptr, 0))>>
+template <class P, class R>
+struct has_state_init<P, R, detail::void_t<decltype(P::init(std::declval<const R&>(), 0, std::int64_t{}, (std::int32_t*)nullptr, 0))>>
     : std::true_type {};
-template <class P, class = void>
+template <class P, class R, class = void>
 struct has_state_renoise_with_arguments : std::false_type {};
-template <class P>
+template <class P, class R>
 struct has_state_renoise_with_arguments<
-    P, detail::void_t<decltype(std::int32_t{
-           P::renoise(std::declval<const typename P::Arguments&>(), DetectRng{}, 0, 0, 0, std::int64_t{})})>>
+    P, R, detail::void_t<decltype(std::int32_t{
+              P::renoise(std::declval<const typename P::Arguments&>(), std::declval<const R&>(), 0, 0, 0, std::int64_t{})})>>
     : std::true_type {};
-template <class P, class = void>
+template <class P, class R, class = void>
 struct has_state_renoise : std::false_type {};
-template <class P>
-struct has_state_renoise<P, detail::void_t<decltype(std::int32_t{P::renoise(DetectRng{}, 0, 0, 0, std::int64_t{})})>>
+template <class P, class R>
+struct has_state_renoise<P, R, detail::void_t<decltype(std::int32_t{P::renoise(std::declval<const R&>(), 0, 0, 0, std::int64_t{})})>>
     : std::true_type {};
-template <class P, class = void>
+template <class P, class R = DetectRng, class = void>
 struct is_state_policy : std::false_type {};
-template <class P>
-struct is_state_policy<P, detail::void_t<typename P::Arguments>>
-    : std::bool_constant<(has_state_init<P>::value || has_state_init_with_arguments<P>::value) &&
-                         (has_state_renoise<P>::value || has_state_renoise_with_arguments<P>::value)> {};
+template <class P, class R>
+struct is_state_policy<P, R, detail::void_t<typename P::Arguments>>
+    : std::bool_constant<(has_state_init<P, R>::value || has_state_init_with_arguments<P, R>::value) &&
+                         (has_state_renoise<P, R>::value || has_state_renoise_with_arguments<P, R>::value)> {};
 
-// An optional static Status can_implement(const Arguments&) (State and Conditioning may have one).
+// An optional static Status can_implement(const Arguments&) (State and Conditioning may have one),
+// and whether P has a member of that name at all: one with another signature would otherwise be
+// skipped without a word.
 template <class P, class = void>
 struct has_can_implement : std::false_type {};
 template <class P>
 struct has_can_implement<P, detail::void_t<decltype(Status{P::can_implement(std::declval<const typename P::Arguments&>())})>>
     : std::true_type {};
+template <class P, class = void>
+struct has_member_named_can_implement : std::false_type {};
+template <class P>
+struct has_member_named_can_implement<P, detail::void_t<decltype(&P::can_implement)>> : std::true_type {};
 
 // Conditioning: Arguments and a static constexpr bool kEnabled.
 template <class P, class = void>

@@ -30,10 +30,16 @@ namespace diffusion_gemma {
 template <class State_ = UniformState, class Conditioning_ = SelfConditioning, class Acceptance_ = EntropyBound,
           class Schedule_ = LinearTemperature, class Stopping_ = StableAndConfident, class Rng_ = PhiloxRng>
 class Sampler {
-  static_assert(is_state_policy<State_>::value,
+  static_assert(is_state_policy<State_, Rng_>::value,
                 "Sampler<State, ...>: State must define Arguments, template init(rng, canvas, vocab, out, length) and "
                 "renoise(rng, canvas, step, position, vocab), either of them optionally with const Arguments& first; "
                 "see sampler/uniform_state.hpp and docs/policies.md");
+  static_assert(!has_member_named_can_implement<State_>::value || has_can_implement<State_>::value,
+                "Sampler<State, ...>: State's optional can_implement must be `static Status can_implement(const "
+                "Arguments&)`");
+  static_assert(!has_member_named_can_implement<Conditioning_>::value || has_can_implement<Conditioning_>::value,
+                "Sampler<State, Conditioning, ...>: Conditioning's optional can_implement must be `static Status "
+                "can_implement(const Arguments&)`");
   static_assert(is_conditioning_policy<Conditioning_>::value,
                 "Sampler<State, Conditioning, ...>: Conditioning must define Arguments and static constexpr bool kEnabled; "
                 "see sampler/conditioning.hpp");
@@ -89,7 +95,7 @@ class Sampler {
   template <class R>
   static void init_canvas(const Arguments& a, const R& rng, int canvas, std::int64_t vocab, std::int32_t* out,
                           int length) {
-    if constexpr (has_state_init_with_arguments<State>::value) {
+    if constexpr (has_state_init_with_arguments<State, Rng>::value) {
       State::init(a.state, rng, canvas, vocab, out, length);
     } else {
       State::init(rng, canvas, vocab, out, length);
@@ -97,7 +103,7 @@ class Sampler {
   }
   template <class R>
   static std::int32_t renoise(const Arguments& a, const R& rng, int canvas, int step, int position, std::int64_t vocab) {
-    if constexpr (has_state_renoise_with_arguments<State>::value) {
+    if constexpr (has_state_renoise_with_arguments<State, Rng>::value) {
       return State::renoise(a.state, rng, canvas, step, position, vocab);
     } else {
       return State::renoise(rng, canvas, step, position, vocab);
