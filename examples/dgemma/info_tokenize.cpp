@@ -280,7 +280,8 @@ int cmd_info(const std::vector<std::string>& args) {
               human_bytes(weight_bytes).c_str(), human_bytes(kv).c_str(), human_bytes(workspace).c_str());
   std::printf("cpu              %s\n", cpu.brand.empty() ? "(unknown)" : cpu.brand.c_str());
   std::printf("cpu flags        %s\n", cpu.flags().c_str());
-  std::printf("cpu kernels      %s%s\n", kc.path().c_str(), std::getenv("DG_CPU_ISA") ? " (DG_CPU_ISA)" : "");
+  const char* forced = std::getenv("DG_CPU_ISA");  // empty counts as unset, as cpu/isa.hpp reads it
+  std::printf("cpu kernels      %s%s\n", kc.path().c_str(), forced != nullptr && *forced != '\0' ? " (DG_CPU_ISA)" : "");
   // The summary is still useful for a checkpoint that does not load, but a script must see that.
   if (!bind_error.empty()) {
     std::fprintf(stderr, "dgemma info: error: the weights do not match config.json (see 'weights error' above)\n");

@@ -681,6 +681,8 @@ def main():
         except Exception:
             rec = {"name": case["name"], "family": case["family"], "dtype": case["dtype"], "status": "harness_error",
                    "message": traceback.format_exc()}
+        if os.environ.get("DG_CPU_ISA") and isinstance(rec.get("cmd"), str):  # rerun it on the same kernels
+            rec["cmd"] = f"DG_CPU_ISA={os.environ['DG_CPU_ISA']} " + rec["cmd"]
         counts[rec["status"]] = counts.get(rec["status"], 0) + 1
         log.write(json.dumps(rec) + "\n")
         log.flush()

@@ -282,8 +282,12 @@ def run_qcase(case, args):
     del dense
     fast_bad = False
     if args.emulate_int8 and q["scheme"] == "w4a16":
-        rec["int8_emulation"] = emulate_int8(case, args, model, qdir, work, quantized)
-        fast_bad = rec["int8_emulation"]["verdict"] in ("MISMATCH", "error")
+        kernels = fast_kernels(args, qdir)
+        if kernels.startswith("(int8 activations x 4-bit weights; otherwise exact"):
+            rec["int8_emulation"] = emulate_int8(case, args, model, qdir, work, quantized)
+            fast_bad = rec["int8_emulation"]["verdict"] in ("MISMATCH", "error")
+        else:  # DG_CPU_ISA=generic (fast = exact), bf16 dot products or AMX tiles: another route
+            rec["int8_emulation"] = {"verdict": "not applicable", "kernels": kernels}
     if problems or fast_bad:  # compare_with_reference deletes `work` when the logits agree: keep a copy
         shutil.copytree(work, work + "_keep")
     rec = compare_with_reference(case, args, model, qdir, work, rec, t0)
@@ -371,6 +375,22 @@ JITTER_RUNS = 8
 # that activation); the flip moved the denoiser's logits by 0.030, which 8-ulp jitter never reached
 # (envelope 1.4e-6) and 32-ulp jitter did (0.032).
 JITTER = 2.0 ** -18
+
+
+_FAST_KERNELS = {}
+
+
+def fast_kernels(args, qdir):
+    """What `--precision fast` (info's default precision) runs on this CPU (under this process's DG_CPU_ISA), from `dgemma info`:
+    the parenthesis after "fast" on its "cpu kernels" line. The int8 emulation is a gate only where
+    it reads "(int8 activations x 4-bit weights; otherwise exact...)"."""
+    key = os.environ.get("DG_CPU_ISA", "")
+    if key not in _FAST_KERNELS:
+        p = subprocess.run([args.dgemma, "info", "--model", qdir], capture_output=True,
+                           text=True, timeout=300)
+        line = next((l for l in p.stdout.splitlines() if l.startswith("cpu kernels")), "")
+        _FAST_KERNELS[key] = line.split("fast", 1)[1].strip() if "fast" in line else line
+    return _FAST_KERNELS[key]
 
 
 def emulate_int8(case, args, model, qdir, work, quantized):
@@ -481,6 +501,8 @@ def main():
             if os.path.isdir(work):
                 keep(work, rec, args)
         rec.pop("out", None)
+        if os.environ.get("DG_CPU_ISA") and isinstance(rec.get("cmd"), str):  # rerun it on the same kernels
+            rec["cmd"] = f"DG_CPU_ISA={os.environ['DG_CPU_ISA']} " + rec["cmd"]
         counts[rec["status"]] = counts.get(rec["status"], 0) + 1
         log.write(json.dumps(rec) + "\n")
         log.flush()

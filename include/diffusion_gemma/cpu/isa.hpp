@@ -34,21 +34,29 @@
 // and compiled per instruction set. Lambdas inside a region do not reliably inherit the target:
 // kernel code calls named functions only.
 #if defined(__clang__)
+// Kernel regions never contract a * b + c into an FMA, whatever -ffp-contract the consumer builds
+// with: each vector lane must equal the scalar reference bit for bit (cpu/kernels/vector_math.inl),
+// and an AVX2 region has FMA available where the default target has not.
+#define DG_CLANG_NO_CONTRACT _Pragma("float_control(push)") _Pragma("clang fp contract(off)")
 // One string literal per _Pragma: clang refuses adjacent literals there (GCC joins them).
 // clang-format off
-#define DG_BEGIN_TARGET_AVX2 _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c\"))), apply_to = function)")
-#define DG_BEGIN_TARGET_AVX512 _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq\"))), apply_to = function)")
-#define DG_BEGIN_TARGET_AVX512BF16 _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16\"))), apply_to = function)")
-#define DG_BEGIN_TARGET_AVX512VNNI _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni\"))), apply_to = function)")
-#define DG_BEGIN_TARGET_AMX _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16\"))), apply_to = function)")
-#define DG_BEGIN_TARGET_AMX_INT8 _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AVX2 DG_CLANG_NO_CONTRACT _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AVX512 DG_CLANG_NO_CONTRACT _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AVX512BF16 DG_CLANG_NO_CONTRACT _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AVX512VNNI DG_CLANG_NO_CONTRACT _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AMX DG_CLANG_NO_CONTRACT _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16\"))), apply_to = function)")
+#define DG_BEGIN_TARGET_AMX_INT8 DG_CLANG_NO_CONTRACT _Pragma("clang attribute push(__attribute__((target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8\"))), apply_to = function)")
 // clang-format on
-#define DG_END_TARGET _Pragma("clang attribute pop")
+#define DG_END_TARGET _Pragma("clang attribute pop") _Pragma("float_control(pop)")
 #else
 // GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* pass-through operands) as
 // uninitialized once inlined (GCC PR 105593); the kernels are entered from default-target code,
 // which cannot inline them, so silencing the two warnings inside the regions is enough.
+// GCC's default for C++ is -ffp-contract=fast, which fuses a * b + c inside a region that enables
+// FMA; the regions turn it off (see the clang branch) so a consumer's plain -O2 build computes the
+// same bits as ours.
 #define DG_GCC_KERNEL_DIAGNOSTICS                                                   \
+  _Pragma("GCC optimize(\"fp-contract=off\")")                                      \
   _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
       _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
 #define DG_BEGIN_TARGET_AVX2 \
@@ -147,6 +155,9 @@ struct CpuFeatures {
     add(amx_tile, "amx-tile");
     add(amx_bf16, "amx-bf16");
     add(amx_int8, "amx-int8");
+    // A CPU bit the OS has not enabled the registers for (XCR0) is listed but cannot be used.
+    if (avx2 && !os_avx) s += " (avx: registers not enabled by the OS)";
+    if (avx512f && os_avx && !os_avx512) s += " (avx-512: registers not enabled by the OS)";
     if (amx_tile && !amx_permitted) s += " (amx: no kernel permission)";
     return s.empty() ? std::string("none") : s;
   }
