@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <diffusion_gemma/cpu/engine.hpp>
@@ -289,4 +290,56 @@ TEST_CASE("encode_batch: an empty item is a no-op beside the others", "[cpu][eng
       CHECK(std::memcmp(empty.values(l, g), empty_ref.values(l, g), bytes) == 0);
     }
   }
+}
+
+// The batch contract (sampler/batch_item_checks.hpp, shared with the CUDA engine): every item is
+// checked before any work, so a bad item names itself and leaves every cache as it was.
+TEST_CASE("encode_batch and denoise_step_batch refuse a bad item before touching any other", "[cpu][engine]") {
+  auto model = cpu::Model::load(dg_test::fixture("dg_wide"));
+  cpu::Engine<DiffusionGemmaBackbone> engine(model);
+  const std::int32_t V = static_cast<std::int32_t>(model->config().vocab_size);
+  const std::vector<std::int32_t> good{5, 17, 99}, bad{5, V, 3};
+  cpu::KvCache c0 = engine.make_cache(16), c1 = engine.make_cache(16);
+  const auto message = [](const auto& call) -> std::string {
+    try {
+      call();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const auto contains = [](const std::string& text, const std::string& part) {
+    const bool found = text.find(part) != std::string::npos;
+    if (!found) UNSCOPED_INFO("message: " << text << "\nexpected to contain: " << part);
+    return found;
+  };
+  {
+    const EncodeItem<cpu::KvCache> items[] = {{good.data(), 3, &c0}, {bad.data(), 3, &c1}};
+    CHECK(contains(message([&] { engine.encode_batch(items, 2); }), "token id " + std::to_string(V) + " at position 1"));
+  }
+  {
+    const EncodeItem<cpu::KvCache> items[] = {{good.data(), 3, &c0}, {good.data(), 3, &c0}};
+    CHECK(contains(message([&] { engine.encode_batch(items, 2); }), "items 0 and 1 share one KV cache"));
+  }
+  {
+    const EncodeItem<cpu::KvCache> items[] = {{good.data(), 3, &c0}, {nullptr, 2, &c1}};
+    CHECK(contains(message([&] { engine.encode_batch(items, 2); }), "item 1 has no cache or no tokens"));
+  }
+  CHECK(c0.length() == 0);  // nothing was encoded by the refused calls
+  CHECK(c1.length() == 0);
+  engine.encode(good.data(), 3, c0);
+  engine.encode(good.data(), 3, c1);
+
+  using Item = DenoiseItem<cpu::KvCache, cpu::Engine<DiffusionGemmaBackbone>::DenoiseState>;
+  VocabPassResult r0, r1;
+  cpu::Engine<DiffusionGemmaBackbone>::DenoiseState s0{1.0f, 2.0f}, s1;
+  Item items[2];
+  items[0] = Item{good.data(), 3, false, &c0, VocabPassArgs{}, &r0, &s0};
+  items[1] = Item{nullptr, 3, true, &c1, VocabPassArgs{}, &r1, &s1};
+  CHECK(contains(message([&] { engine.denoise_step_batch(items, 2); }),
+                 "item 1 needs a canvas, a cache, a result and a state"));
+  items[1].canvas = bad.data();
+  CHECK(contains(message([&] { engine.denoise_step_batch(items, 2); }), "canvas: token id " + std::to_string(V)));
+  CHECK(s0 == std::vector<float>{1.0f, 2.0f});  // item 0's self-conditioning state untouched
+  CHECK(r0.argmax.empty());
 }

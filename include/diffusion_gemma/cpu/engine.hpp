@@ -37,6 +37,7 @@
 #include <diffusion_gemma/model/kv_layout.hpp>
 #include <diffusion_gemma/model/pass_plan.hpp>
 #include <diffusion_gemma/model/rope_table.hpp>
+#include <diffusion_gemma/sampler/batch_item_checks.hpp>
 #include <diffusion_gemma/sampler/batch_items.hpp>
 
 namespace diffusion_gemma::cpu {
@@ -214,24 +215,7 @@ class Engine {
   // every item that has one, so every weight is read once per pass for all of them. All items
   // are checked before any work.
   void encode_batch(const EncodeItem<KvCache>* items, std::size_t count) {
-    for (std::size_t i = 0; i < count; ++i) {
-      const EncodeItem<KvCache>& it = items[i];
-      if (it.cache == nullptr || it.n < 0 || (it.n > 0 && it.ids == nullptr)) {
-        throw_error(StatusCode::kInvalidArgument, "encode_batch: item ", i, " has no cache or no tokens");
-      }
-      for (std::size_t j = 0; j < i; ++j) {
-        if (items[j].cache == it.cache) {
-          throw_error(StatusCode::kInvalidArgument, "encode_batch: items ", j, " and ", i, " share one KV cache");
-        }
-      }
-      if (it.n > 0) check_token_ids(cfg_, it.ids, it.n, "encoder input");  // an empty item is a no-op
-      check_cache(*it.cache);
-      if (it.cache->length() + it.n > it.cache->capacity()) {
-        throw_error(StatusCode::kOutOfRange, "encode_batch: item ", i, ": ", it.n, " tokens after ", it.cache->length(),
-                    " cached positions exceed the KV cache capacity of ", it.cache->capacity());
-      }
-      check_positions(cfg_, it.cache->length() + it.n);
-    }
+    check_encode_items(cfg_, items, count, [this](const KvCache& c) { check_cache(c); });
     std::vector<std::int64_t> done(count, 0);
     std::vector<Segment> segs;
     for (;;) {
@@ -303,22 +287,10 @@ class Engine {
   // item's self-conditioning input comes from, and its next one goes to, `item.state`. What an
   // item gets does not depend on the other items (KernelContext::row_invariant).
   void denoise_step_batch(DenoiseItem<KvCache, DenoiseState>* items, std::size_t count) {
-    if (!cfg_.is_diffusion()) {
-      throw_error(StatusCode::kUnsupported, cfg_.source, ": denoising needs a DiffusionGemma checkpoint");
-    }
+    check_denoise_items(cfg_, items, count, [this](const KvCache& c) { check_cache(c); });
     const std::int64_t H = cfg_.hidden_size;
     std::int64_t rows = 0;
-    for (std::size_t i = 0; i < count; ++i) {
-      const auto& it = items[i];
-      if (it.cache == nullptr || it.stats == nullptr || it.state == nullptr || it.n <= 0 || it.canvas == nullptr) {
-        throw_error(StatusCode::kInvalidArgument, "denoise_step_batch: item ", i,
-                    " needs a canvas, a cache, a result and a state");
-      }
-      check_token_ids(cfg_, it.canvas, it.n, "canvas");
-      check_cache(*it.cache);
-      check_positions(cfg_, it.cache->length() + it.n);
-      rows += it.n;
-    }
+    for (std::size_t i = 0; i < count; ++i) rows += items[i].n;
     std::vector<Segment>& segs = step_segments_;
     std::vector<VocabSegment>& vsegs = vocab_segments_;
     segs.clear();

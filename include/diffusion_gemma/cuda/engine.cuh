@@ -47,6 +47,7 @@
 #include <diffusion_gemma/model/pass_plan.hpp>
 #include <diffusion_gemma/model/rope_table.hpp>
 #include <diffusion_gemma/model/token_id_check.hpp>
+#include <diffusion_gemma/sampler/batch_item_checks.hpp>
 #include <diffusion_gemma/sampler/batch_items.hpp>
 #include <diffusion_gemma/sampler/vocab_stats.hpp>
 
@@ -202,10 +203,12 @@ class Engine {
 
   // The batched forms ContinuousBatcher and BatchDecoder drive. There are no batched kernels on
   // the GPU yet: the items run one after another with the single-sequence passes, each with its
-  // own cache and self-conditioning state, so the results are those of running them alone.
+  // own cache and self-conditioning state, so the results are those of running them alone. The
+  // items are checked as the CPU engine checks them, all before any work.
   void encode_batch(const EncodeItem<KvCache>* items, std::size_t count) {
+    check_encode_items(cfg_, items, count, [this](const KvCache& c) { check_cache(c); });
     for (std::size_t i = 0; i < count; ++i) {
-      if (items[i].cache == nullptr) throw_error(StatusCode::kInvalidArgument, "encode_batch: item ", i, " has no cache");
+      if (items[i].n == 0) continue;  // an empty item is a no-op, as on the CPU
       const SequenceIndex scope(sequence_, static_cast<int>(i));
       encode(items[i].ids, items[i].n, *items[i].cache);
     }
@@ -219,11 +222,9 @@ class Engine {
   };
 
   void denoise_step_batch(DenoiseItem<KvCache, DenoiseState>* items, std::size_t count) {
+    check_denoise_items(cfg_, items, count, [this](const KvCache& c) { check_cache(c); });
     for (std::size_t i = 0; i < count; ++i) {
       auto& it = items[i];
-      if (it.cache == nullptr || it.stats == nullptr || it.state == nullptr) {
-        throw_error(StatusCode::kInvalidArgument, "denoise_step_batch: item ", i, " needs a cache, a result and a state");
-      }
       DenoiseState& st = *it.state;
       const std::size_t need = static_cast<std::size_t>(std::max<std::int64_t>(it.n, 1) * cfg_.hidden_size);
       if (st.soft.size() < need) {
