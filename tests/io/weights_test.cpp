@@ -12,6 +12,7 @@
 #include <diffusion_gemma/io/config.hpp>
 #include <diffusion_gemma/io/safetensors.hpp>
 #include <diffusion_gemma/io/safetensors_writer.hpp>
+#include <diffusion_gemma/io/trace_json.hpp>
 #include <diffusion_gemma/io/weights.hpp>
 
 #include "support/catch.hpp"
@@ -78,4 +79,40 @@ TEST_CASE("--check-weights finds a non-finite weight and names it", "[io][weight
   CHECK_THROWS_WITH(io::check_weights_finite(c), Contains("model.decoder.layers.1.input_layernorm.weight") &&
                                                      Contains("flat index 7"));
   CHECK_NOTHROW(io::check_weights_finite(io::Checkpoint(dg_test::fixture("dg_small"))));
+}
+
+// The trace holds a line for every canvas the summary counts: a canvas cancelled while denoising
+// reaches no on_commit, so write_summary writes it first.
+TEST_CASE("TraceWriter: a cancelled canvas gets its line before the summary", "[io][trace]") {
+  const std::string path = dg_test::temp_dir("trace") + "/trace.jsonl";
+  GenerationResult r;
+  r.tokens.assign(8, 5);
+  r.tokens[2] = 1;  // a stop id in the committed canvas
+  r.canvases.resize(2);
+  r.canvases[0].length = 8;
+  r.canvases[0].valid_tokens = 3;
+  r.canvases[0].stop_token = true;
+  r.canvases[1].canvas = 1;
+  r.canvases[1].position = 8;
+  r.canvases[1].length = 8;
+  r.canvases[1].stop = CanvasStop::kCancelled;
+  r.forwards = 5;
+  {
+    io::TraceWriter w(path);
+    w.write(StepRecord{});
+    w.write(r.canvases[0]);  // what on_commit sees
+    w.write_summary(r);
+  }
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[1]["type"] == "canvas");
+  CHECK(lines[2]["type"] == "canvas");
+  CHECK(lines[2]["canvas"] == 1);
+  CHECK(lines[2]["stop"] == "cancelled");
+  CHECK(lines[3]["type"] == "summary");
+  CHECK(lines[3]["canvases"] == 2);
+  CHECK(lines[3]["tokens"] == 8);
+  CHECK(lines[3]["text_tokens"] == 3);
 }

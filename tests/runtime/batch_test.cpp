@@ -441,6 +441,10 @@ TEST_CASE("BatchDecoder lays rows out as transformers' batched generate does", "
     CHECK(answer(np.rows[i]) == answer(single.generate(prompts[i], no_pad[i])));
     CHECK(np.sequences[i].size() == longest + 3 * static_cast<std::size_t>(C));
   }
+  // A max_length of its own can end a row early too (it used to come back padded with -1).
+  std::vector<Options> own_limit = no_pad;
+  own_limit[1].scheduler.max_length = static_cast<int>(longest) + C;
+  CHECK_THROWS_WITH(batch.generate(prompts, own_limit), Catch::Matchers::Contains("row 1 has no pad_token_id"));
   // A limit the longest prompt already reaches is named with that prompt, not the row's own.
   std::vector<Options> short_limit = limited;
   for (auto& o : short_limit) o.scheduler.max_length = static_cast<int>(longest);

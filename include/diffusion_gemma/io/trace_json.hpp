@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The structured trace of a generation as JSON lines: one {"type": "step", ...} object per
-// denoising step and one {"type": "canvas", ...} object per committed canvas, then a summary.
+// denoising step and one {"type": "canvas", ...} object per canvas of the result (committed, or
+// cancelled while denoising), then a summary. docs/getting-started.md lists the fields.
 #pragma once
 
+#include <cstddef>
 #include <cstdio>
 #include <string>
 
@@ -31,7 +33,8 @@ inline nlohmann::ordered_json to_json(const CanvasRecord& c) {
 inline nlohmann::ordered_json summary_json(const GenerationResult& r) {
   return {{"type", "summary"},
           {"finish", to_string(r.finish)},
-          {"tokens", r.tokens.size()},
+          {"tokens", r.tokens.size()},  // whole canvases, PAD included (transformers' sequences)
+          {"text_tokens", r.text_tokens().size()},
           {"canvases", r.canvases.size()},
           {"forwards", r.forwards},
           {"tokens_per_forward", r.tokens_per_forward},
@@ -52,11 +55,17 @@ class TraceWriter {
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
 
-  template <class Record>
-  void write(const Record& r) {
+  void write(const StepRecord& r) { write_line(to_json(r).dump()); }
+  void write(const CanvasRecord& r) {
     write_line(to_json(r).dump());
+    ++canvases_written_;
   }
-  void write_summary(const GenerationResult& r) { write_line(summary_json(r).dump()); }
+  // A canvas cancelled while denoising reaches no on_commit callback: it is written here, before
+  // the summary, so the trace holds every canvas the summary counts.
+  void write_summary(const GenerationResult& r) {
+    for (std::size_t i = canvases_written_; i < r.canvases.size(); ++i) write(r.canvases[i]);
+    write_line(summary_json(r).dump());
+  }
 
  private:
   void write_line(const std::string& line) {
@@ -65,6 +74,7 @@ class TraceWriter {
   }
   std::string path_;
   std::FILE* f_;
+  std::size_t canvases_written_ = 0;
 };
 
 }  // namespace diffusion_gemma::io

@@ -68,12 +68,17 @@ class BatchDecoder {
       // Without PAD, transformers keeps generating real tokens in a row that has stopped until every
       // row has, so a row that can stop early (a stop id, a shorter budget) would depend on the
       // others; with one row, or rows that all run the same canvases, nothing is filled with PAD.
-      const bool can_end_early = !rows[i].scheduler.stop_token_ids.empty() ||
-                                 rows[i].scheduler.max_new_tokens != rows[0].scheduler.max_new_tokens;
-      if (rows[i].scheduler.pad_token_id == kNoPadToken && prompts.size() > 1 && can_end_early) {
+      // (The user's max_length, not the padding-adjusted one: equal limits give every row the same
+      // number of new tokens.)
+      const auto& mine = options[i].scheduler;
+      const auto& first = options[0].scheduler;
+      const bool can_end_early = !mine.stop_token_ids.empty() || mine.max_new_tokens != first.max_new_tokens ||
+                                 mine.max_length != first.max_length;
+      if (mine.pad_token_id == kNoPadToken && prompts.size() > 1 && can_end_early) {
         throw_error(StatusCode::kInvalidArgument, "BatchDecoder::generate: row ", i,
                     " has no pad_token_id but can end before the others (stop ids, or max_new_tokens ",
-                    rows[i].scheduler.max_new_tokens, " against row 0's ", rows[0].scheduler.max_new_tokens,
+                    mine.max_new_tokens, " / max_length ", mine.max_length, " against row 0's ", first.max_new_tokens,
+                    " / ", first.max_length,
                     "); a batch needs one (transformers' batched generate without it keeps generating the rows that "
                     "stopped)");
       }
@@ -119,7 +124,7 @@ class BatchDecoder {
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       if (!status[i].ok()) throw_error(status[i].code(), "batch row ", i, ": ", status[i].message());
     }
-    out.sequences = layout(prompts, options, out.rows, batch.left_pad_token_id);
+    out.sequences = layout(prompts, options, out.rows, batch.left_pad_token_id);  // after every row succeeded
     return out;
   }
 
@@ -138,6 +143,9 @@ class BatchDecoder {
       s.insert(s.end(), prompts[i].begin(), prompts[i].end());
       s.insert(s.end(), rows[i].tokens.begin(), rows[i].tokens.end());
       for (std::size_t b = rows[i].canvases.size(); b < canvases; ++b) {
+        if (options[i].scheduler.pad_token_id == kNoPadToken) {  // the checks in generate() rule this out
+          throw_error(StatusCode::kInternal, "BatchDecoder::generate: row ", i, " ended early and has no pad_token_id");
+        }
         const int C = Scheduler::Blocks::canvas_length(engine_.config(), static_cast<int>(b));
         s.insert(s.end(), static_cast<std::size_t>(C), options[i].scheduler.pad_token_id);
       }

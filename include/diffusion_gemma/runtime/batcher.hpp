@@ -224,13 +224,16 @@ class ContinuousBatcher {
     return Status(StatusCode::kInternal, std::string(during) + ": " + err.what());
   }
 
+  // Runs one request's own part of a pass; a throw ends that request alone.
   template <class F>
-  void guarded(Entry& e, F&& f) {
+  bool guarded(Entry& e, const char* during, F&& f) {
     try {
       f();
+      return true;
     } catch (const std::exception& err) {
       e.seq->cancel();
-      e.status = status_of(err, "after a pass");
+      e.status = status_of(err, during);
+      return false;
     }
   }
 
@@ -250,7 +253,7 @@ class ContinuousBatcher {
       return;
     }
     count_pass(0, 0, 0);
-    for (std::size_t i : members) guarded(active_[i], [&] { active_[i].seq->encoded(); });
+    for (std::size_t i : members) guarded(active_[i], "after a pass", [&] { active_[i].seq->encoded(); });
   }
 
   void denoise_pass(std::vector<Entry>&) {
@@ -259,11 +262,9 @@ class ContinuousBatcher {
     std::uint64_t rows = 0;
     for (std::size_t i = 0; i < active_.size(); ++i) {
       if (active_[i].seq->work() != Work::kDenoise) continue;
-      try {  // a request whose own options fail here (its Schedule's temperature) ends alone
-        items.push_back(active_[i].seq->denoise_item(&active_[i].state));
-      } catch (const std::exception& err) {
-        active_[i].seq->cancel();
-        active_[i].status = status_of(err, "before a pass");
+      // A request whose own options fail here (its Schedule's temperature) ends alone.
+      if (!guarded(active_[i], "before a pass",
+                   [&] { items.push_back(active_[i].seq->denoise_item(&active_[i].state)); })) {
         continue;
       }
       rows += static_cast<std::uint64_t>(items.back().n);
@@ -277,7 +278,7 @@ class ContinuousBatcher {
       return;
     }
     count_pass(static_cast<int>(items.size()), rows, items.size());
-    for (std::size_t i : members) guarded(active_[i], [&] { active_[i].seq->denoised(); });
+    for (std::size_t i : members) guarded(active_[i], "after a pass", [&] { active_[i].seq->denoised(); });
   }
 
   void count_pass(int batch, std::uint64_t rows, std::uint64_t steps) {

@@ -201,7 +201,7 @@ class Sequence {
     const int N = options_.sampler.max_denoising_steps;
     const std::int64_t V = cfg_->vocab_size;
     const int C = C_, s = s_, n = N - s_;
-    ++result_.forwards;
+    ++result_.forwards;  // every pass that ran, the one whose logits are refused below included
     // Finite logits always give a finite entropy and ids inside the vocabulary. A NaN or Inf comes
     // from weights or config values that overflow fp32; sampling from it would put arbitrary ids
     // (or none) on the canvas, so the generation stops here and says why.

@@ -47,6 +47,12 @@ class Sampler {
                 "Sampler<..., Acceptance, ...>: Acceptance must define Arguments, State, static Status "
                 "can_implement(const Arguments&) and static void accept(const Arguments&, const StepView&, State&, "
                 "uint8_t* accepted); see sampler/acceptance.hpp");
+  // Each request starts its Acceptance and Stopping State from State{}; without this check a State
+  // with no default constructor fails deep inside runtime/sequence.hpp.
+  static_assert(!is_acceptance_policy<Acceptance_>::value ||
+                    std::is_default_constructible<typename Acceptance_::State>::value,
+                "Sampler<..., Acceptance, ...>: Acceptance::State must be default-constructible (every request "
+                "starts from State{})");
   static_assert(is_schedule_policy<Schedule_>::value,
                 "Sampler<..., Schedule, ...>: Schedule must define Arguments, can_implement and static float "
                 "temperature(const Arguments&, int steps_remaining, int max_steps); see sampler/temperature.hpp");
@@ -54,6 +60,9 @@ class Sampler {
                 "Sampler<..., Stopping, ...>: Stopping must define Arguments, State, can_implement, static void "
                 "reset(const Arguments&, State&) and static bool update(const Arguments&, const StepView&, State&); "
                 "see sampler/stopping.hpp");
+  static_assert(!is_stopping_policy<Stopping_>::value || std::is_default_constructible<typename Stopping_::State>::value,
+                "Sampler<..., Stopping, ...>: Stopping::State must be default-constructible (every request starts "
+                "from State{}, then reset)");
   static_assert(is_rng_policy<Rng_>::value,
                 "Sampler<..., Rng>: Rng must define Arguments, a constructor from Arguments, kReplaysSamples, "
                 "DrawKey key(canvas, step) and token(purpose, canvas, step, position, vocab); see sampler/rng.hpp");
@@ -92,8 +101,7 @@ class Sampler {
   }
 
   // The State policy's first canvas and renoised tokens, with its Arguments where it takes them.
-  template <class R>
-  static void init_canvas(const Arguments& a, const R& rng, int canvas, std::int64_t vocab, std::int32_t* out,
+  static void init_canvas(const Arguments& a, const Rng& rng, int canvas, std::int64_t vocab, std::int32_t* out,
                           int length) {
     if constexpr (has_state_init_with_arguments<State, Rng>::value) {
       State::init(a.state, rng, canvas, vocab, out, length);
@@ -101,8 +109,7 @@ class Sampler {
       State::init(rng, canvas, vocab, out, length);
     }
   }
-  template <class R>
-  static std::int32_t renoise(const Arguments& a, const R& rng, int canvas, int step, int position, std::int64_t vocab) {
+  static std::int32_t renoise(const Arguments& a, const Rng& rng, int canvas, int step, int position, std::int64_t vocab) {
     if constexpr (has_state_renoise_with_arguments<State, Rng>::value) {
       return State::renoise(a.state, rng, canvas, step, position, vocab);
     } else {
