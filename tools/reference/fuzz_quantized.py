@@ -377,20 +377,23 @@ JITTER_RUNS = 8
 JITTER = 2.0 ** -18
 
 
-_FAST_KERNELS = {}
+_FAST_KERNELS = None  # the environment, and so the route, is fixed for the process
 
 
 def fast_kernels(args, qdir):
-    """What `--precision fast` (info's default precision) runs on this CPU (under this process's DG_CPU_ISA), from `dgemma info`:
-    the parenthesis after "fast" on its "cpu kernels" line. The int8 emulation is a gate only where
-    it reads "(int8 activations x 4-bit weights; otherwise exact...)"."""
-    key = os.environ.get("DG_CPU_ISA", "")
-    if key not in _FAST_KERNELS:
-        p = subprocess.run([args.dgemma, "info", "--model", qdir], capture_output=True,
-                           text=True, timeout=300)
+    """What `--precision fast` (info's default precision) runs on this CPU under this process's
+    DG_CPU_ISA, from `dgemma info`: the parenthesis after "fast" on its "cpu kernels" line. The int8
+    emulation is a gate only where it reads "(int8 activations x 4-bit weights; otherwise exact...)".
+    A run of `info` without that line is not remembered, so one refused checkpoint does not turn the
+    gate off for the rest."""
+    global _FAST_KERNELS
+    if _FAST_KERNELS is None:
+        p = subprocess.run([args.dgemma, "info", "--model", qdir], capture_output=True, text=True, timeout=300)
         line = next((l for l in p.stdout.splitlines() if l.startswith("cpu kernels")), "")
-        _FAST_KERNELS[key] = line.split("fast", 1)[1].strip() if "fast" in line else line
-    return _FAST_KERNELS[key]
+        if "fast" not in line:
+            return f"unknown: dgemma info printed no kernels line (exit {p.returncode})"
+        _FAST_KERNELS = line.split("fast", 1)[1].strip()
+    return _FAST_KERNELS
 
 
 def emulate_int8(case, args, model, qdir, work, quantized):
