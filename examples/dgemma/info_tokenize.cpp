@@ -183,6 +183,8 @@ int cmd_info(const std::vector<std::string>& args) {
   dg::cpu::KernelContext kc;
   kc.isa = isa;
   kc.precision = dg::cpu::EngineOptions{}.precision;
+  // DG_CPU_INT8_TILES=1 is a request, not a guarantee: say when this machine or path cannot honour it.
+  const bool int8_tiles_ignored = kc.amx_int8 && !kc.int8_tiles();
   if (f.flag("json")) {
     nlohmann::ordered_json j = {{"model", dir},
                                 {"family", c.is_diffusion() ? "diffusion_gemma" : "gemma4_text"},
@@ -214,6 +216,7 @@ int cmd_info(const std::vector<std::string>& args) {
                                 {"cpu_flags", cpu.flags()},
                                 {"cpu_isa", dg::cpu::isa_name(isa)},
                                 {"cpu_kernels", kc.path()},
+                                {"cpu_int8_tiles_ignored", int8_tiles_ignored},
                                 {"generation_prompt_tokens", prompt},
                                 {"generation_new_tokens", new_tokens},
                                 {"generation_cache_positions", capacity},
@@ -282,6 +285,10 @@ int cmd_info(const std::vector<std::string>& args) {
   std::printf("cpu flags        %s\n", cpu.flags().c_str());
   const char* forced = std::getenv("DG_CPU_ISA");  // empty counts as unset, as cpu/isa.hpp reads it
   std::printf("cpu kernels      %s%s\n", kc.path().c_str(), forced != nullptr && *forced != '\0' ? " (DG_CPU_ISA)" : "");
+  if (int8_tiles_ignored) {
+    std::printf("                 DG_CPU_INT8_TILES=1 has no effect here: AMX-INT8 tiles need the amx path in fast "
+                "precision and a CPU with AMX-INT8 and AVX512-VNNI\n");
+  }
   // The summary is still useful for a checkpoint that does not load, but a script must see that.
   if (!bind_error.empty()) {
     std::fprintf(stderr, "dgemma info: error: the weights do not match config.json (see 'weights error' above)\n");
