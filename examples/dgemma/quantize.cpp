@@ -46,8 +46,10 @@ namespace {
 struct Item {
   std::string module;             // output module name (quantised) or tensor name (copied)
   const dg::RawTensor* source = nullptr;
+  std::string source_name;        // the tensor `source` is, in the input checkpoint
   std::int64_t row0 = 0, rows = 0, cols = 0;  // the matrix inside `source` (quantised items)
   bool quantize = false;
+  dg::DType scale_dtype = dg::DType::kSentinel;  // the source matrix's own dtype (quantised items)
   std::vector<dg::io::TensorSpec> outputs;
   std::uint64_t bytes() const {
     std::uint64_t n = 0;
@@ -105,11 +107,12 @@ void copy_file(const std::string& from, const std::string& to) {
 // The output directory: created, or an existing empty one. A directory that holds anything is
 // refused, so that no file of the user's (a README.md, a tokenizer.json, an earlier run's shards)
 // is overwritten or left beside the new checkpoint.
-void prepare_output_dir(const std::string& dst) {
+// Returns whether it created the directory.
+bool prepare_output_dir(const std::string& dst) {
   struct stat st {};
   if (::stat(dst.c_str(), &st) != 0) {
     if (::mkdir(dst.c_str(), 0755) != 0) throw dg::Error(dg::StatusCode::kIoError, dst + ": cannot create: " + std::strerror(errno));
-    return;
+    return true;
   }
   if (!S_ISDIR(st.st_mode)) throw dg::Error(dg::StatusCode::kInvalidArgument, dst + ": exists and is not a directory");
   if (::access((dst + "/model.safetensors.index.json").c_str(), F_OK) == 0 ||
@@ -131,22 +134,48 @@ void prepare_output_dir(const std::string& dst) {
     throw dg::Error(dg::StatusCode::kInvalidArgument,
                     dst + ": is not empty (it holds '" + first + "'); choose a new or empty directory");
   }
+  return false;
 }
+
+// What a run has written, removed again unless the run completes: a failed run (a non-finite
+// weight found half-way, a full disk) leaves no partial checkpoint, and the same command can be
+// run again on the same --out.
+class PartialOutput {
+ public:
+  PartialOutput(std::string dir, bool created) : dir_(std::move(dir)), created_(created) {}
+  PartialOutput(const PartialOutput&) = delete;
+  PartialOutput& operator=(const PartialOutput&) = delete;
+  ~PartialOutput() {
+    if (done_) return;
+    for (const auto& f : files_) ::unlink(f.c_str());
+    if (created_) ::rmdir(dir_.c_str());
+  }
+  const std::string& add(const std::string& name) { return files_.emplace_back(dir_ + "/" + name); }
+  void keep() { done_ = true; }
+
+ private:
+  std::string dir_;
+  bool created_;
+  bool done_ = false;
+  std::vector<std::string> files_;
+};
 
 }  // namespace
 
 int cmd_quantize(const std::vector<std::string>& args) {
   Flags f("quantize",
           "Quantises a BF16/F16/F32 checkpoint's Linear weights by round-to-nearest and writes a\n"
-          "compressed-tensors checkpoint (sharded safetensors + model.safetensors.index.json) that this\n"
-          "library, vLLM and transformers load. Experts are written one matrix each. The embedding, norms,\n"
-          "router and self-conditioning MLP stay in the source dtype.",
+          "compressed-tensors checkpoint (sharded safetensors + model.safetensors.index.json) in the layout\n"
+          "llm-compressor writes, which this library loads (transformers' from_pretrained does not: see\n"
+          "docs/quantization.md section 3). Experts are written one matrix each. The embedding, norms,\n"
+          "router and self-conditioning MLP stay in the source dtype. Refused: NaN or Inf weights, a\n"
+          "checkpoint that does not match its config.json. A failed run removes what it wrote.",
           {{"model", "DIR", "source checkpoint directory"},
            {"out", "DIR", "output directory (created, or an existing empty one)"},
            {"scheme", "S", "w4a16 (int4, packed), w8a16 (int8, packed), int8 (W8A8 layout) or fp8 (E4M3)"},
            {"group-size", "N", "input columns per scale: 32, 64 or 128 (default: 64 for w4a16, per channel otherwise)"},
            {"asymmetric", "", "asymmetric integers with zero points (w4a16 and w8a16)"},
-           {"shard-size", "MIB", "largest shard in MiB (default 4096; fractions allowed)"}});
+           {"shard-size", "MIB", "tensor bytes per shard in MiB, beside each shard's header (default 4096; fractions allowed)"}});
   if (!f.parse(args)) {
     std::cout << f.usage();
     return 0;
@@ -172,6 +201,9 @@ int cmd_quantize(const std::vector<std::string>& args) {
     throw dg::Error(dg::StatusCode::kInvalidArgument, src + ": the checkpoint is already quantized");
   }
   const dg::io::Checkpoint ckpt(src);
+  // Every tensor the model needs, with its shape, and none it does not know: what loading the
+  // source would refuse is refused before anything is written, not found when loading the output.
+  (void)dg::io::bind_weights(ckpt, cfg);
   const std::string pre = dg::io::backbone_prefix(ckpt, cfg);
 
   // Which tensors are Linear weights: the model's matrices (not the embedding), and experts.
@@ -198,11 +230,9 @@ int cmd_quantize(const std::vector<std::string>& args) {
     return false;
   };
 
-  spec.scale_dtype = dg::DType::kSentinel;
   std::vector<Item> items;
-  const auto add_quantized = [&](const std::string& module, const dg::RawTensor* t, std::int64_t row0, std::int64_t rows,
-                                 std::int64_t cols) {
-    if (spec.scale_dtype == dg::DType::kSentinel) spec.scale_dtype = t->dtype;
+  const auto add_quantized = [&](const std::string& module, const std::string& tensor, const dg::RawTensor* t,
+                                 std::int64_t row0, std::int64_t rows, std::int64_t cols) {
     if (spec.group_size > 0 && cols % spec.group_size != 0) {
       throw dg::Error(dg::StatusCode::kInvalidArgument,
                       "--group-size " + std::to_string(spec.group_size) + " does not divide the " + std::to_string(cols) +
@@ -211,10 +241,12 @@ int cmd_quantize(const std::vector<std::string>& args) {
     Item it;
     it.module = module;
     it.source = t;
+    it.source_name = tensor;
     it.row0 = row0;
     it.rows = rows;
     it.cols = cols;
     it.quantize = true;
+    it.scale_dtype = t->dtype;  // scales and rounding follow each matrix's dtype, as compressed-tensors does
     items.push_back(std::move(it));
   };
   for (const std::string& name : ckpt.names()) {
@@ -233,14 +265,14 @@ int cmd_quantize(const std::vector<std::string>& args) {
       for (std::int64_t e = 0; e < E; ++e) {
         const std::string m = base + std::to_string(e) + ".";
         if (gate_up) {
-          add_quantized(m + "gate_proj", &t, e * rows, rows / 2, cols);
-          add_quantized(m + "up_proj", &t, e * rows + rows / 2, rows / 2, cols);
+          add_quantized(m + "gate_proj", name, &t, e * rows, rows / 2, cols);
+          add_quantized(m + "up_proj", name, &t, e * rows + rows / 2, rows / 2, cols);
         } else {
-          add_quantized(m + "down_proj", &t, e * rows, rows, cols);
+          add_quantized(m + "down_proj", name, &t, e * rows, rows, cols);
         }
       }
     } else if (is_linear && is_float(t.dtype) && !ignored(module)) {
-      add_quantized(module, &t, 0, t.shape[0], t.shape[1]);
+      add_quantized(module, name, &t, 0, t.shape[0], t.shape[1]);
     } else {
       Item it;
       it.module = name;
@@ -249,15 +281,20 @@ int cmd_quantize(const std::vector<std::string>& args) {
       items.push_back(std::move(it));
     }
   }
-  if (spec.scale_dtype == dg::DType::kSentinel) {
-    throw dg::Error(dg::StatusCode::kInvalidArgument, src + ": no Linear weight to quantize");
-  }
+  const auto spec_of = [&](const Item& it) {
+    dg::io::QuantizeSpec s = spec;
+    s.scale_dtype = it.scale_dtype;
+    return s;
+  };
   std::size_t quantized_count = 0;
   for (Item& it : items) {
     if (!it.quantize) continue;
     ++quantized_count;
-    for (auto& t : dg::io::planned_tensors(it.rows, it.cols, spec)) it.outputs.push_back({it.module + t.suffix, t.dtype, t.shape});
+    for (auto& t : dg::io::planned_tensors(it.rows, it.cols, spec_of(it))) {
+      it.outputs.push_back({it.module + t.suffix, t.dtype, t.shape});
+    }
   }
+  if (quantized_count == 0) throw dg::Error(dg::StatusCode::kInvalidArgument, src + ": no Linear weight to quantize");
 
   // Shards in item order, each at most shard_limit bytes (an item larger than that gets its own).
   std::vector<std::vector<std::size_t>> shards(1);
@@ -273,7 +310,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
     total += b;
   }
 
-  prepare_output_dir(dst);
+  PartialOutput written(dst, prepare_output_dir(dst));
   std::fprintf(stderr, "quantize: %s -> %s, %s%s, %zu matrices quantized, %zu shard%s, %.1f MiB\n", src.c_str(),
                dst.c_str(), dg::io::quant_scheme_name(spec.scheme),
                spec.group_size > 0 ? (" group " + std::to_string(spec.group_size)).c_str() : " per channel",
@@ -281,7 +318,8 @@ int cmd_quantize(const std::vector<std::string>& args) {
 
   const auto start = std::chrono::steady_clock::now();
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-  std::uint64_t done = 0, last_report = 0;
+  std::uint64_t done = 0;
+  int reported = 0;  // twentieths of the bytes reported so far
   std::vector<float> rows;
   char file[64];
   for (std::size_t s = 0; s < shards.size(); ++s) {
@@ -293,7 +331,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
         weight_map[t.name] = file;
       }
     }
-    dg::io::SafetensorsStream out(dst + "/" + file, specs);
+    dg::io::SafetensorsStream out(written.add(file), specs);
     for (std::size_t i : shards[s]) {
       const Item& it = items[i];
       const dg::RawTensor& t = *it.source;
@@ -310,15 +348,27 @@ int cmd_quantize(const std::vector<std::string>& args) {
         rows.resize(static_cast<std::size_t>(n));
         const std::int64_t first = it.row0 * it.cols;
         widen(t, first, n, rows.data());
-        for (const auto& q : dg::io::quantize_matrix(rows.data(), it.rows, it.cols, spec)) out.append(q.bytes.data(), q.bytes.size());
+        std::vector<dg::io::QuantizedTensor> quantized;
+        try {
+          quantized = dg::io::quantize_matrix(rows.data(), it.rows, it.cols, spec_of(it));
+        } catch (const dg::Error& e) {
+          // Rows are counted within the module; a fused expert tensor's module starts at row0.
+          std::string where = it.module + " (" + it.source_name;
+          if (it.source_name != it.module + ".weight") where += " from row " + std::to_string(it.row0);
+          throw dg::Error(e.code(), where + ", " + ckpt.file_of(it.source_name) + "): " + e.what() +
+                                        "; nothing was kept in " + dst);
+        }
+        for (const auto& q : quantized) out.append(q.bytes.data(), q.bytes.size());
         release(t.data + first * static_cast<std::int64_t>(dg::dtype_size(t.dtype)),
                 static_cast<std::size_t>(n) * dg::dtype_size(t.dtype));
       }
       done += it.bytes();
-      if (done - last_report >= total / 20 || done == total) {
-        last_report = done;
+      // Every 5 %, floored, so "100%" is printed once, after the last tensor.
+      const int twentieths = total > 0 ? static_cast<int>(done * 20 / total) : 20;
+      if (twentieths > reported) {
+        reported = twentieths;
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        std::fprintf(stderr, "quantize: %3.0f%%  %.1f/%.1f MiB written, %.1f s  (%s)\n", 100.0 * done / total,
+        std::fprintf(stderr, "quantize: %3d%%  %.1f/%.1f MiB written, %.1f s  (%s)\n", twentieths * 5,
                      done / 1048576.0, total / 1048576.0, secs, it.module.c_str());
       }
     }
@@ -328,12 +378,10 @@ int cmd_quantize(const std::vector<std::string>& args) {
   nlohmann::ordered_json index;
   index["metadata"] = {{"total_size", total}};
   index["weight_map"] = weight_map;
-  write_text(dst + "/model.safetensors.index.json", index.dump(2) + "\n");
+  write_text(written.add("model.safetensors.index.json"), index.dump(2) + "\n");
 
-  nlohmann::ordered_json config = nlohmann::ordered_json::parse(dg::io::read_text_file(src + "/config.json"));
-  config["quantization_config"] = spec.config_json(dg::io::default_ignore());
-  write_text(dst + "/config.json", config.dump(2) + "\n");
-  // Everything else beside the weights (generation config, tokenizer, chat template) comes along.
+  // Everything else beside the weights (generation config, tokenizer, chat template) comes along;
+  // config.json last, so that a directory without it was never a whole checkpoint.
   if (DIR* d = ::opendir(src.c_str())) {
     while (const dirent* e = ::readdir(d)) {
       const std::string n = e->d_name;
@@ -341,10 +389,19 @@ int cmd_quantize(const std::vector<std::string>& args) {
       if (::stat((src + "/" + n).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
       const bool weights = n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0;
       if (weights || n == "config.json" || n == "model.safetensors.index.json") continue;
-      copy_file(src + "/" + n, dst + "/" + n);
+      try {
+        copy_file(src + "/" + n, written.add(n));
+      } catch (...) {
+        ::closedir(d);
+        throw;
+      }
     }
     ::closedir(d);
   }
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(dg::io::read_text_file(src + "/config.json"));
+  config["quantization_config"] = spec.config_json(dg::io::default_ignore());
+  write_text(written.add("config.json"), config.dump(2) + "\n");
+  written.keep();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "quantize: wrote %s (%.1f MiB in %zu shard%s) in %.1f s\n", dst.c_str(), total / 1048576.0,
                shards.size(), shards.size() == 1 ? "" : "s", secs);

@@ -297,6 +297,38 @@ TEST_CASE("quantize then dequantise stays within half a step of every weight (a 
   }
 }
 
+TEST_CASE("the quantiser refuses NaN and Inf weights and a scale its dtype cannot hold, naming the place",
+          "[io][quant]") {
+  // Before, min/max skipped a NaN and the clamps stored it as a finite code (-448 in FP8, qmin in
+  // int4), so a checkpoint `--check-weights` refuses came out of `dgemma quantize` looking healthy.
+  const std::int64_t out = 4, in = 64;
+  std::vector<float> w(static_cast<std::size_t>(out * in), 0.01f);
+  for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    w[static_cast<std::size_t>(2 * in + 37)] = bad;
+    for (io::QuantScheme s : {io::QuantScheme::kW4A16, io::QuantScheme::kInt8, io::QuantScheme::kFp8}) {
+      io::QuantizeSpec spec;
+      spec.scheme = s;
+      spec.group_size = s == io::QuantScheme::kW4A16 ? 32 : 0;
+      CHECK_THROWS_WITH(io::quantize_matrix(w.data(), out, in, spec),
+                        Catch::Matchers::Contains("non-finite weight") &&
+                            Catch::Matchers::Contains("row 2, column 37"));
+    }
+  }
+  // Finite BF16 weights whose max - min overflows BF16: the asymmetric scale would be Inf and the
+  // group would dequantise to NaN. The symmetric scale of the same weights is finite.
+  std::fill(w.begin(), w.end(), 0.01f);
+  w[static_cast<std::size_t>(1 * in + 40)] = 3.0e38f;
+  w[static_cast<std::size_t>(1 * in + 41)] = -3.0e38f;
+  io::QuantizeSpec asym;
+  asym.scheme = io::QuantScheme::kW4A16;
+  asym.group_size = 32;
+  asym.symmetric = false;
+  CHECK_THROWS_WITH(io::quantize_matrix(w.data(), out, in, asym),
+                    Catch::Matchers::Contains("scale of row 1, columns 32-63 overflows BF16"));
+  asym.symmetric = true;
+  CHECK_NOTHROW(io::quantize_matrix(w.data(), out, in, asym));
+}
+
 TEST_CASE("FP8 E4M3 encode and decode agree on every code", "[io][quant]") {
   for (int b = 0; b < 256; ++b) {
     const float v = quant::fp8_e4m3_to_float(static_cast<std::uint8_t>(b));

@@ -223,6 +223,11 @@ inline std::vector<QuantizedTensor> quantize_matrix(const float* w, std::int64_t
       const std::int64_t c0 = gi * g, c1 = std::min(in, c0 + g);
       float lo = 0.0f, hi = 0.0f;
       for (std::int64_t c = c0; c < c1; ++c) {
+        // min/max would skip a NaN and the clamps below would store it as a finite code: a
+        // checkpoint that `--check-weights` refuses must not come out looking healthy.
+        if (!std::isfinite(row[c])) {
+          throw_error(StatusCode::kFormatError, "non-finite weight (", row[c], ") at row ", r, ", column ", c);
+        }
         lo = std::min(lo, row[c]);
         hi = std::max(hi, row[c]);
       }
@@ -233,6 +238,11 @@ inline std::vector<QuantizedTensor> quantize_matrix(const float* w, std::int64_t
         s = quant::round_to(st, quant::round_to(st, hi - lo) / range);
       }
       if (!(s > 0.0f)) s = dtype_epsilon(st);  // an all-zero group, as compressed-tensors replaces it
+      if (!std::isfinite(s)) {
+        // max - min of finite weights can overflow the scale's dtype (asymmetric, |w| near its max).
+        throw_error(StatusCode::kFormatError, "the scale of row ", r, ", columns ", c0, "-", c1 - 1, " overflows ",
+                    dtype_name(st), " (weights from ", lo, " to ", hi, ")");
+      }
       if (!spec.symmetric) {
         z = std::nearbyint(std::min(qmax, std::max(qmin, quant::round_to(st, qmin - quant::round_to(st, lo / s)))));
       }
