@@ -196,7 +196,7 @@ inline std::vector<FlagSpec> engine_flag_specs(const char* default_precision) {
 // EngineOptions from those flags; the kernel family comes from the CPU (or DG_CPU_ISA).
 inline diffusion_gemma::cpu::EngineOptions engine_options(const Flags& f, diffusion_gemma::cpu::Precision fallback) {
   diffusion_gemma::cpu::EngineOptions eo;
-  eo.threads = static_cast<int>(f.integer("threads", 0, 0, 1024));
+  eo.threads = static_cast<int>(f.integer("threads", 0, 0, diffusion_gemma::cpu::kMaxThreads));
   eo.precision = fallback;
   if (f.has("precision") && !diffusion_gemma::cpu::parse_precision(f.str("precision"), &eo.precision)) {
     throw UsageError("--precision must be exact or fast (got '" + f.str("precision") + "')");

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <diffusion_gemma/cpu/engine.hpp>
@@ -342,4 +343,24 @@ TEST_CASE("encode_batch and denoise_step_batch refuse a bad item before touching
   CHECK(contains(message([&] { engine.denoise_step_batch(items, 2); }), "canvas: token id " + std::to_string(V)));
   CHECK(s0 == std::vector<float>{1.0f, 2.0f});  // item 0's self-conditioning state untouched
   CHECK(r0.argmax.empty());
+}
+
+TEST_CASE("an engine's thread count also bounds the packing of its weights at construction", "[cpu]") {
+  // The first fast or AVX2/AVX-512 engine on a model packs its matrices (cpu/tile_pack.hpp). That
+  // packing took default_threads() whatever EngineOptions::threads said, and left those workers
+  // alive in the constructing thread's team. A fresh thread has a team with no workers yet.
+  if (cpu::default_threads() < 2 || cpu::default_isa() == cpu::Isa::kGeneric) {
+    WARN("needs two CPUs and a packing kernel family (not generic) to tell the thread counts apart");
+    return;
+  }
+  int workers_after = -1;
+  std::thread t([&] {
+    auto model = cpu::Model::load(dg_test::fixture("quant/base"));  // BF16: packed on every such path
+    cpu::EngineOptions one;
+    one.threads = 1;
+    cpu::Engine<DiffusionGemmaBackbone> engine(model, one);
+    workers_after = cpu::ThreadTeam::of_this_thread().workers();
+  });
+  t.join();
+  CHECK(workers_after == 0);
 }

@@ -75,6 +75,27 @@ TEST_CASE("a region inside a region runs serially on the thread that opened it",
   CHECK(mismatched.load() == 0);
 }
 
+TEST_CASE("ThreadTeam::run called inside a region runs its body alone on the calling thread", "[runtime][concurrency]") {
+  // Before, a run on the same team from the opening thread's share rewrote the outer region's job
+  // and waited forever for workers that were still in the outer one.
+  cpu::ThreadTeam& team = cpu::ThreadTeam::of_this_thread();
+  std::atomic<int> outer_calls{0}, inner_calls{0}, inner_not_zero{0};
+  std::function<void(int)> outer = [&](int i) {
+    outer_calls.fetch_add(1, std::memory_order_relaxed);
+    if (i != 0) return;
+    std::function<void(int)> inner = [&](int j) {
+      inner_calls.fetch_add(1, std::memory_order_relaxed);
+      if (j != 0) inner_not_zero.fetch_add(1, std::memory_order_relaxed);
+    };
+    team.run(3, inner);
+  };
+  team.run(3, outer);
+  CHECK(inner_calls.load() == 1);
+  CHECK(inner_not_zero.load() == 0);
+  CHECK(outer_calls.load() >= 1);
+  check_cover(100, 3);  // the team still works
+}
+
 TEST_CASE("an exception thrown in a region reaches the caller once every share is done", "[runtime][concurrency]") {
   for (std::int64_t thrower : {0, 5, 31}) {
     std::atomic<int> finished{0};

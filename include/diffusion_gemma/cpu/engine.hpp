@@ -98,10 +98,14 @@ class Engine {
     }
     ctx_.precision = opts_.precision;
     ctx_.row_invariant = opts_.batch_invariant;
+    if (opts_.threads > kMaxThreads) {
+      throw_error(StatusCode::kInvalidArgument, "cpu::EngineOptions::threads = ", opts_.threads, " is more than ",
+                  kMaxThreads);
+    }
     ctx_.threads = resolve_threads(opts_.threads);
     attention_scratch_.resize(static_cast<std::size_t>(std::max(1, ctx_.threads)));
-    weights_ = ctx_.bf16_tiles() || ctx_.bf16_dots() ? &model_->tiled_weights()
-               : ctx_.isa == Isa::kAvx2 || ctx_.isa == Isa::kAvx512 ? &model_->paired_weights()
+    weights_ = ctx_.bf16_tiles() || ctx_.bf16_dots() ? &model_->tiled_weights(ctx_.threads)
+               : ctx_.isa == Isa::kAvx2 || ctx_.isa == Isa::kAvx512 ? &model_->paired_weights(ctx_.threads)
                                         : &model_->weights();
     check_max_pass_tokens(opts_.max_pass_tokens, "cpu::EngineOptions::max_pass_tokens");
     // Encoder passes run max_pass_tokens at a time; the workspace also holds a whole canvas.

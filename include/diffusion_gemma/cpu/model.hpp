@@ -91,21 +91,23 @@ class Model {
   // The weights with the matrices the fast engines multiply in bf16 (AMX tiles, AVX512-BF16 dot
   // products) also packed into tiles, F32 and F16 ones rounded to bf16
   // (cpu/tile_pack.hpp): made on the first call (thread-safe) and shared by every such engine on
-  // this model. The mapped pages of the packed matrices are released once packed.
-  const ModelWeights& tiled_weights() const {
+  // this model. The mapped pages of the packed matrices are released once packed. The first
+  // caller's `threads` (as EngineOptions::threads; 0: default_threads()) do the packing.
+  const ModelWeights& tiled_weights(int threads = 0) const {
     std::call_once(tiled_once_, [&] {
-      tiled_ = std::make_unique<const ModelWeights>(pack_for_tiles(ckpt_.weights, ckpt_.checkpoint != nullptr));
+      tiled_ = std::make_unique<const ModelWeights>(
+          pack_for_tiles(ckpt_.weights, ckpt_.checkpoint != nullptr, TilePacking::kAllRoundedToBf16, threads));
     });
     return *tiled_;
   }
 
   // The weights whose BF16 matrices (the same list) are also packed as pair tiles, losslessly, for
   // the AVX2 and AVX-512 kernels; the tiled_weights() object itself when every such matrix is BF16.
-  const ModelWeights& paired_weights() const {
-    if (packable_matrices_all_bf16(ckpt_.weights)) return tiled_weights();
+  const ModelWeights& paired_weights(int threads = 0) const {
+    if (packable_matrices_all_bf16(ckpt_.weights)) return tiled_weights(threads);
     std::call_once(paired_once_, [&] {
       paired_ = std::make_unique<const ModelWeights>(
-          pack_for_tiles(ckpt_.weights, ckpt_.checkpoint != nullptr, TilePacking::kBf16Only));
+          pack_for_tiles(ckpt_.weights, ckpt_.checkpoint != nullptr, TilePacking::kBf16Only, threads));
     });
     return *paired_;
   }

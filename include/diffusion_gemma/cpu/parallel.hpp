@@ -18,16 +18,21 @@
 
 namespace diffusion_gemma::cpu {
 
+// The most threads one engine runs (EngineOptions::threads, --threads, OMP_NUM_THREADS): each is a
+// worker kept for the life of its team, and per-thread scratch is sized by it.
+inline constexpr int kMaxThreads = 1024;
+
 // The thread count of `threads = 0`: OMP_NUM_THREADS when it is set to a positive number (the
-// variable users already set to cap a machine's CPU libraries; its first entry when it is a list),
-// otherwise the CPUs this process may run on (its affinity mask, which taskset and container CPU
-// sets narrow), read once.
+// variable users already set to cap a machine's CPU libraries; its first entry when it is a list;
+// at most kMaxThreads), otherwise the CPUs this process may run on (its affinity mask, which
+// taskset and container CPU sets narrow), read once. A value that is not a number ("abc", "3x")
+// is ignored, as OpenMP runtimes ignore it.
 inline int default_threads() {
   static const int count = [] {
     if (const char* env = std::getenv("OMP_NUM_THREADS")) {
       char* end = nullptr;
       const long n = std::strtol(env, &end, 10);
-      if (end != env && n > 0) return static_cast<int>(n < 4096 ? n : 4096);
+      if (end != env && (*end == '\0' || *end == ',') && n > 0) return static_cast<int>(n < kMaxThreads ? n : kMaxThreads);
     }
 #if defined(__linux__)
     cpu_set_t set;

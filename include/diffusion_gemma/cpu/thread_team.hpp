@@ -113,9 +113,11 @@ class ThreadTeam {
   // Where the system refuses to start a worker (a thread limit, no memory for its stack), the
   // region runs with the workers it has, so `body` must not rely on every index being called:
   // parallel_for hands its items out dynamically.
+  // Called inside a region (this team's or another's), it runs body(0) alone on the calling
+  // thread: a nested region would rewrite the job the outer region's workers are running.
   template <class Body>
   void run(int threads, Body& body) {
-    if (threads <= 1) {
+    if (threads <= 1 || detail::region_place().inside) {
       body(0);
       return;
     }
@@ -135,7 +137,13 @@ class ThreadTeam {
       std::lock_guard<std::mutex> lock(s.mutex);
       const std::uint64_t next = (s.ticket.load(std::memory_order_relaxed) / kTicketStep + 1) * kTicketStep;
       s.ticket.store(next + static_cast<std::uint64_t>(helpers), std::memory_order_release);
-      if (s.sleepers > 0) s.wake.notify_all();
+      // Only a sleeping helper of this region needs the wake-up; the rest of the team sleeps on.
+      for (int i = 1; i <= helpers; ++i) {
+        if (s.asleep[static_cast<std::size_t>(i)] != 0) {
+          s.wake.notify_all();
+          break;
+        }
+      }
     }
     std::exception_ptr own;
     try {
@@ -168,7 +176,7 @@ class ThreadTeam {
     bool refused = false;  // the system refused a worker once: no more attempts
     std::mutex mutex;
     std::condition_variable wake;
-    int sleepers = 0;                       // guarded by mutex
+    std::vector<unsigned char> asleep;      // by worker index (1..): waiting on `wake`; guarded by mutex
     std::atomic<std::uint64_t> ticket{0};   // region number x kTicketStep + its helper count
     std::atomic<int> pending{0};            // helpers of the current region not yet done
     std::atomic<bool> stop{false};
@@ -207,7 +215,11 @@ class ThreadTeam {
   // Starts workers up to `helpers` and returns how many there are for this region.
   int start_workers(State& s, int helpers) {
     // Reserved first: a std::thread dropped by a failed push_back would terminate the process.
-    if (!s.refused && static_cast<int>(s.workers.size()) < helpers) s.workers.reserve(static_cast<std::size_t>(helpers));
+    if (!s.refused && static_cast<int>(s.workers.size()) < helpers) {
+      s.workers.reserve(static_cast<std::size_t>(helpers));
+      std::lock_guard<std::mutex> lock(s.mutex);  // sleeping workers write their own entries
+      if (s.asleep.size() < static_cast<std::size_t>(helpers) + 1) s.asleep.resize(static_cast<std::size_t>(helpers) + 1, 0);
+    }
     while (!s.refused && static_cast<int>(s.workers.size()) < helpers) {
       const int index = static_cast<int>(s.workers.size()) + 1;
       const std::uint64_t seen = s.ticket.load(std::memory_order_relaxed);
@@ -224,9 +236,8 @@ class ThreadTeam {
 
   static void work(State& s, int index, std::uint64_t seen) {
     for (;;) {
-      seen = next_ticket(s, seen);
+      seen = next_ticket(s, seen, index);
       if (s.stop.load(std::memory_order_relaxed)) return;
-      if (static_cast<int>(seen % kTicketStep) < index) continue;  // a region with fewer helpers
       try {
         enter(index, [&] { s.job(s.body, index); });
       } catch (...) {
@@ -237,12 +248,18 @@ class ThreadTeam {
     }
   }
 
-  // Waits for a ticket other than `seen`: spinning for kSpinWindow, then asleep.
-  static std::uint64_t next_ticket(State& s, std::uint64_t seen) {
+  // Waits for a region that needs worker `index`, or for the team to stop: spinning for
+  // kSpinWindow, then asleep. Regions with fewer helpers pass it by without restarting its spin
+  // window, so the idle part of a large team sleeps while small regions run. No region can pass a
+  // worker it needs: the next ticket is issued only after every helper of this one is done.
+  static std::uint64_t next_ticket(State& s, std::uint64_t seen, int index) {
+    const auto wanted = [&](std::uint64_t t) {
+      return t != seen && (static_cast<int>(t % kTicketStep) >= index || s.stop.load(std::memory_order_relaxed));
+    };
     const auto start = std::chrono::steady_clock::now();
     for (unsigned spins = 1;; ++spins) {
       const std::uint64_t t = s.ticket.load(std::memory_order_acquire);
-      if (t != seen) return t;
+      if (wanted(t)) return t;
       detail::cpu_relax();
       if ((spins & 63u) == 0u) {
         if (std::chrono::steady_clock::now() - start > kSpinWindow) break;
@@ -250,9 +267,9 @@ class ThreadTeam {
       }
     }
     std::unique_lock<std::mutex> lock(s.mutex);
-    ++s.sleepers;
-    s.wake.wait(lock, [&] { return s.ticket.load(std::memory_order_relaxed) != seen; });
-    --s.sleepers;
+    s.asleep[static_cast<std::size_t>(index)] = 1;
+    s.wake.wait(lock, [&] { return wanted(s.ticket.load(std::memory_order_relaxed)); });
+    s.asleep[static_cast<std::size_t>(index)] = 0;
     return s.ticket.load(std::memory_order_acquire);
   }
 

@@ -76,7 +76,9 @@ inline void pack_pair_panel(const std::byte* w, std::int64_t n, std::int64_t k, 
   }
 }
 
-inline void pack_matrix_tiles(Weight& w, bool release_mapped, TilePacking which = TilePacking::kAllRoundedToBf16) {
+// `threads`: the packing's thread count, as EngineOptions::threads (0: default_threads()).
+inline void pack_matrix_tiles(Weight& w, bool release_mapped, TilePacking which = TilePacking::kAllRoundedToBf16,
+                              int threads = 0) {
 #if DG_X86_KERNELS
   if (!w.is_dense() || w.empty() || w.shape.rank < 2 || w.shape.rank > 3 || w.tiles) return;
   if (which == TilePacking::kBf16Only && w.dtype != DType::kBF16) return;
@@ -118,9 +120,9 @@ inline void pack_matrix_tiles(Weight& w, bool release_mapped, TilePacking which 
     if (release_mapped && w.borrowed()) release_mapped_pages(src, group_bytes);
   };
   if (groups > 1) {
-    parallel_for(groups, [&](std::int64_t g) { pack_group(g, 1); });
+    parallel_for(groups, [&](std::int64_t g) { pack_group(g, 1); }, threads);
   } else {
-    pack_group(0, amx ? 1 : 0);
+    pack_group(0, amx ? 1 : threads);
   }
   if (release_mapped && w.borrowed()) release_mapped_pages(w.data, w.nbytes());  // pages across groups
   w.tiles = std::move(packed);
@@ -175,10 +177,11 @@ void for_each_packable_matrix(Weights& weights, F&& f) {
 // (an engine on the same model that reads the rows reads them back from the file).
 // The bf16 copy (kAllRoundedToBf16, the fast engines') also holds the embedding on cache lines
 // (detail::align_to_cache_line) when the checkpoint's does not start on one.
+// `threads` as EngineOptions::threads (0: default_threads()).
 inline ModelWeights pack_for_tiles(const ModelWeights& weights, bool release_mapped,
-                                   TilePacking which = TilePacking::kAllRoundedToBf16) {
+                                   TilePacking which = TilePacking::kAllRoundedToBf16, int threads = 0) {
   ModelWeights out = weights;
-  for_each_packable_matrix(out, [&](Weight& w) { detail::pack_matrix_tiles(w, release_mapped, which); });
+  for_each_packable_matrix(out, [&](Weight& w) { detail::pack_matrix_tiles(w, release_mapped, which, threads); });
   if (which == TilePacking::kAllRoundedToBf16) detail::align_to_cache_line(out.embed_tokens, release_mapped);
   return out;
 }
