@@ -118,17 +118,17 @@ struct has_denoise_step_batch<E, std::void_t<decltype(std::declval<E&>().denoise
 template <class E>
 constexpr bool check_diffusion_engine() {
   using namespace engine_detail;
-  static_assert(has_cache<E>::value, "Decoder<Engine>: Engine must name its KV cache type `using Cache = ...` "
+  static_assert(has_cache<E>::value, "Decoder, BatchDecoder and ContinuousBatcher<Engine>: Engine must name its KV cache type `using Cache = ...` "
                                      "(runtime/engine_traits.hpp, docs/policies.md)");
-  static_assert(has_config<E>::value, "Decoder<Engine>: Engine must provide `const ModelConfig& config() const`");
-  static_assert(has_make_cache<E>::value, "Decoder<Engine>: Engine must provide `Cache make_cache(int64_t capacity) const`");
+  static_assert(has_config<E>::value, "Decoder, BatchDecoder and ContinuousBatcher<Engine>: Engine must provide `const ModelConfig& config() const`");
+  static_assert(has_make_cache<E>::value, "Decoder, BatchDecoder and ContinuousBatcher<Engine>: Engine must provide `Cache make_cache(int64_t capacity) const`");
   static_assert(has_request_bytes<E>::value,
-                "Decoder<Engine>: Engine must provide `size_t request_bytes(int64_t capacity, int64_t prompt_tokens, "
+                "Decoder, BatchDecoder and ContinuousBatcher<Engine>: Engine must provide `size_t request_bytes(int64_t capacity, int64_t prompt_tokens, "
                 "int64_t canvas_tokens) const`");
   static_assert(has_encode<E>::value,
-                "Decoder<Engine>: Engine must provide `void encode(const int32_t* ids, int64_t n, Cache& cache)`");
+                "Decoder, BatchDecoder and ContinuousBatcher<Engine>: Engine must provide `void encode(const int32_t* ids, int64_t n, Cache& cache)`");
   static_assert(has_denoise_step<E>::value,
-                "Decoder<Engine>: Engine must provide `void denoise_step(const int32_t* canvas, int64_t n, bool "
+                "Decoder, BatchDecoder and ContinuousBatcher<Engine>: Engine must provide `void denoise_step(const int32_t* canvas, int64_t n, bool "
                 "first_step, const Cache& cache, const VocabPassArgs& args, VocabPassResult& stats)`");
   return true;
 }
@@ -139,12 +139,12 @@ constexpr bool check_batched_engine() {
   using namespace engine_detail;
   static_assert(check_diffusion_engine<E>(), "");
   static_assert(has_denoise_state<E>::value,
-                "ContinuousBatcher<Engine>: Engine must name a sequence's self-conditioning state `using DenoiseState = ...`");
+                "BatchDecoder and ContinuousBatcher<Engine>: Engine must name a sequence's self-conditioning state `using DenoiseState = ...`");
   static_assert(has_encode_batch<E>::value,
-                "ContinuousBatcher<Engine>: Engine must provide `void encode_batch(const EncodeItem<Cache>* items, size_t count)`");
+                "BatchDecoder and ContinuousBatcher<Engine>: Engine must provide `void encode_batch(const EncodeItem<Cache>* items, size_t count)`");
   if constexpr (has_denoise_state<E>::value) {
     static_assert(has_denoise_step_batch<E>::value,
-                  "ContinuousBatcher<Engine>: Engine must provide `void denoise_step_batch(DenoiseItem<Cache, "
+                  "BatchDecoder and ContinuousBatcher<Engine>: Engine must provide `void denoise_step_batch(DenoiseItem<Cache, "
                   "DenoiseState>* items, size_t count)`");
   }
   return true;

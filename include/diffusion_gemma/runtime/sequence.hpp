@@ -232,7 +232,7 @@ class Sequence {
     }
     const StepView view{stats_.argmax.data(), candidate_.data(), stats_.entropy.data(), C, s, n};
     // An Acceptance policy marks the positions it keeps; the rest must read 0, not the last step's.
-    std::fill(accepted_.begin(), accepted_.begin() + C, std::uint8_t{0});
+    std::fill(accepted_.begin(), accepted_.end(), std::uint8_t{0});  // sized to this canvas in begin_canvas
     Sampler::Acceptance::accept(options_.sampler.acceptance, view, acceptance_state_, accepted_.data());
     StepRecord sr;
     sr.canvas = b_;

@@ -76,6 +76,14 @@ struct is_conditioning_policy : std::false_type {};
 template <class P>
 struct is_conditioning_policy<P, detail::void_t<typename P::Arguments, decltype(bool{P::kEnabled})>> : std::true_type {};
 
+// Whether P::State is default-constructible; true when P has no State, which the policy's own
+// check reports (so a missing State gives that one message, not a second, raw one).
+template <class P, class = void>
+struct state_is_default_constructible : std::true_type {};
+template <class P>
+struct state_is_default_constructible<P, detail::void_t<typename P::State>>
+    : std::is_default_constructible<typename P::State> {};
+
 // Acceptance: Arguments, State, can_implement(Arguments), accept(Arguments, StepView, State&, uint8_t*).
 template <class P, class = void>
 struct is_acceptance_policy : std::false_type {};

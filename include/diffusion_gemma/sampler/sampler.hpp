@@ -49,8 +49,7 @@ class Sampler {
                 "uint8_t* accepted); see sampler/acceptance.hpp");
   // Each request starts its Acceptance and Stopping State from State{}; without this check a State
   // with no default constructor fails deep inside runtime/sequence.hpp.
-  static_assert(!is_acceptance_policy<Acceptance_>::value ||
-                    std::is_default_constructible<typename Acceptance_::State>::value,
+  static_assert(state_is_default_constructible<Acceptance_>::value,
                 "Sampler<..., Acceptance, ...>: Acceptance::State must be default-constructible (every request "
                 "starts from State{})");
   static_assert(is_schedule_policy<Schedule_>::value,
@@ -60,7 +59,7 @@ class Sampler {
                 "Sampler<..., Stopping, ...>: Stopping must define Arguments, State, can_implement, static void "
                 "reset(const Arguments&, State&) and static bool update(const Arguments&, const StepView&, State&); "
                 "see sampler/stopping.hpp");
-  static_assert(!is_stopping_policy<Stopping_>::value || std::is_default_constructible<typename Stopping_::State>::value,
+  static_assert(state_is_default_constructible<Stopping_>::value,
                 "Sampler<..., Stopping, ...>: Stopping::State must be default-constructible (every request starts "
                 "from State{}, then reset)");
   static_assert(is_rng_policy<Rng_>::value,
