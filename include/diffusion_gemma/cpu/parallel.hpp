@@ -10,10 +10,6 @@
 #include <cstdlib>
 #include <thread>
 
-#if defined(__linux__)
-#include <sched.h>
-#endif
-
 #include <diffusion_gemma/cpu/thread_team.hpp>
 
 namespace diffusion_gemma::cpu {
@@ -34,12 +30,7 @@ inline int default_threads() {
       const long n = std::strtol(env, &end, 10);
       if (end != env && (*end == '\0' || *end == ',') && n > 0) return static_cast<int>(n < kMaxThreads ? n : kMaxThreads);
     }
-#if defined(__linux__)
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-#endif
-    const unsigned hw = std::thread::hardware_concurrency();
-    return hw > 0 ? static_cast<int>(hw) : 1;
+    return detail::usable_cpus();
   }();
   return count;
 }
