@@ -3,13 +3,21 @@
 // (runtime/batcher.hpp), one JSON line per prompt out, in input order. Each answer is the one
 // `dgemma generate` gives for that prompt and seed: a sequence's tokens do not depend on its
 // neighbours in a batch.
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -39,6 +47,109 @@ struct Item {
   bool done = false;
 };
 
+// The parser's reason without what would mislead or garble a terminal: it counts lines within the
+// one line it was given, and "last read" quotes the input's bytes, invalid UTF-8 included.
+std::string parse_reason(const nlohmann::json::parse_error& e) {
+  std::string why = e.what();
+  const std::size_t colon = why.find(": ");
+  why = colon == std::string::npos ? "parse error" : why.substr(colon + 2);
+  const std::size_t last = why.find("; last read");
+  if (last != std::string::npos) why.erase(last);
+  for (char& c : why) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  }
+  return "column " + std::to_string(e.byte) + ": " + why;
+}
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int) { g_interrupted.store(true); }
+
+// SIGINT and SIGTERM set g_interrupted while armed; the previous handlers come back on disarm()
+// (after the first signal, so that a second one ends the program) or at the end of the scope.
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    g_interrupted = false;
+    previous_int_ = std::signal(SIGINT, on_interrupt);
+    previous_term_ = std::signal(SIGTERM, on_interrupt);
+  }
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+  ~InterruptGuard() { disarm(); }
+  void disarm() {
+    if (!armed_) return;
+    armed_ = false;
+    std::signal(SIGINT, previous_int_);
+    std::signal(SIGTERM, previous_term_);
+  }
+
+ private:
+  void (*previous_int_)(int) = SIG_DFL;
+  void (*previous_term_)(int) = SIG_DFL;
+  bool armed_ = true;
+};
+
+// Writes the results to a file beside --output and renames it over --output once every line has
+// its result, as `sort -o` replaces its output only at the end: an interrupted run or a crash
+// leaves --output (which may be the input) as it was. Only a regular file (or a new one) is
+// replaced so; a device or a pipe (/dev/stdout, /dev/null, a FIFO) is written in place, and a
+// symbolic link's target is replaced, not the link.
+class PendingOutput {
+ public:
+  explicit PendingOutput(const std::string& path) : path_(path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      file_.open(path_, std::ios::binary);
+      if (!file_) fail("cannot open for writing");
+      return;
+    }
+    std::string target = path;
+    if (char* real = ::realpath(path.c_str(), nullptr)) {
+      target = real;
+      std::free(real);
+    }
+    std::string tmpl = target + ".partial-XXXXXX";
+    const int fd = ::mkstemp(&tmpl[0]);
+    if (fd < 0) fail("cannot create " + tmpl);
+    const ::mode_t mask = ::umask(0);  // mkstemp's 0600 would become the output's mode
+    ::umask(mask);
+    ::fchmod(fd, 0666 & ~mask);
+    ::close(fd);
+    target_ = target;
+    temp_ = tmpl;
+    file_.open(temp_, std::ios::binary | std::ios::trunc);
+    if (!file_) fail("cannot open " + temp_);
+  }
+  PendingOutput(const PendingOutput&) = delete;
+  PendingOutput& operator=(const PendingOutput&) = delete;
+  ~PendingOutput() {
+    if (!temp_.empty() && !keep_) std::remove(temp_.c_str());
+  }
+  std::ostream& stream() { return file_; }
+  // Where the lines are being written.
+  const std::string& writing_to() const { return temp_.empty() ? path_ : temp_; }
+  void commit() {
+    file_.close();
+    if (!file_) fail("writing " + writing_to());
+    if (temp_.empty()) return;
+    if (std::rename(temp_.c_str(), target_.c_str()) != 0) fail("renaming " + temp_ + " to " + target_);
+    temp_.clear();
+  }
+  // Leaves the results so far where they are (an interrupted run's).
+  void keep() {
+    file_.flush();
+    keep_ = true;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw dg::Error(dg::StatusCode::kIoError, path_ + ": " + what + " (" + std::strerror(errno) + ")");
+  }
+  std::string path_, target_, temp_;
+  std::ofstream file_;
+  bool keep_ = false;
+};
+
 // One input line: a JSON string (the prompt text) or an object with "prompt" (text) or
 // "prompt_ids", and optionally "seed" and "max_new_tokens" over the flags' values. --chat formats
 // text prompts only: ids are used exactly as given.
@@ -47,8 +158,8 @@ Item parse_line(const std::string& line, const std::string& where, const dg::io:
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::exception& e) {
-    throw UsageError(where + ": not a JSON value (" + e.what() + ")");
+  } catch (const nlohmann::json::parse_error& e) {
+    throw UsageError(where + ": not a JSON value (" + parse_reason(e) + ")");
   }
   Item it;
   it.where = where;
@@ -140,6 +251,9 @@ int cmd_batch(const std::vector<std::string>& args) {
   const auto& cfg = model->config();
   if (!cfg.is_diffusion()) throw UsageError(dir + " is not a DiffusionGemma checkpoint (model_type diffusion_gemma)");
   const std::unique_ptr<dg::io::Tokenizer> tok = load_tokenizer_if_present(dir);
+  // From here a signal cancels the run (at its first step) instead of ending the program: the
+  // load above is left to the default action, which stops it at once.
+  InterruptGuard interrupts;
 
   Options defaults = dg::default_decode_options<Batcher::Sampler, Batcher::Scheduler>(model->generation_config());
   apply_sampler_flags(f, cfg.vocab_size, defaults);
@@ -172,9 +286,9 @@ int cmd_batch(const std::vector<std::string>& args) {
   limits.max_queue = items.size();
   limits.memory_budget_bytes = budget_bytes;
   Batcher batcher(engine, limits);
-  std::size_t finished = 0;
+  std::size_t finished = 0, failed = 0;
   std::int64_t tokens = 0;
-  std::string first_error;
+  std::vector<Batcher::RequestId> ids(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
     Batcher::Request r;
     r.prompt = items[i].prompt;
@@ -187,8 +301,8 @@ int cmd_batch(const std::vector<std::string>& args) {
       j["index"] = i;
       j["line"] = it.line;
       if (!s.ok()) {
-        j["error"] = s.message();
-        if (first_error.empty()) first_error = it.where + ": " + s.message();
+        j["error"] = s.code() == dg::StatusCode::kCancelled ? std::string("cancelled") : s.message();
+        if (s.code() != dg::StatusCode::kCancelled) ++failed;
         return;
       }
       const auto out = g.text_tokens();
@@ -208,24 +322,55 @@ int cmd_batch(const std::vector<std::string>& args) {
       j["finish"] = dg::to_string(g.finish);
     };
     try {
-      batcher.submit(std::move(r));  // checks positions and the memory budget: a line that can never run fails here
+      ids[i] = batcher.submit(std::move(r));  // checks positions and the memory budget: a line that can never run fails here
     } catch (const dg::Error& e) {
       throw dg::Error(e.code(), items[i].where + ": " + e.what());
     }
   }
-  // The output is opened (and truncated: it may be the input) only once every flag and line has
-  // passed, still before any work.
-  std::ofstream file;
-  if (to_file) {
-    file.open(f.str("output"), std::ios::binary | std::ios::trunc);
-    if (!file) throw dg::Error(dg::StatusCode::kNotFound, f.str("output") + ": cannot be written");
-  }
+  // The results go to a file beside --output (it may be the input), created only once every flag
+  // and line has passed, still before any work.
+  std::unique_ptr<PendingOutput> pending;
+  if (to_file) pending = std::make_unique<PendingOutput>(f.str("output"));
+  std::ostream& out = to_file ? pending->stream() : std::cout;
+  const std::string out_name = to_file ? pending->writing_to() : std::string("standard output");
+  // std::cout's flush does not report a failed write (a full disk): stdio's error flag does.
+  const auto out_failed = [&] { return !out || (!to_file && (std::fflush(stdout) != 0 || std::ferror(stdout))); };
   const auto t0 = std::chrono::steady_clock::now();
   // Progress: a line redrawn in place on a terminal; in a log, a line every 10 seconds.
   const bool progress = stderr_is_terminal();
-  std::size_t reported = 0;
+  bool progress_drawn = false;
+  std::size_t reported = 0, written = 0;
   double logged = 0;
+  // Each result is written as soon as every earlier line has its own, in input order, so that a
+  // reader downstream sees the answers as they come.
+  const auto write_ready = [&] {
+    if (written == items.size() || !items[written].done) return;
+    if (progress_drawn && !to_file) {  // the results share the terminal with the progress line
+      std::fputs("\r\033[K", stderr);
+      progress_drawn = false;
+      reported = SIZE_MAX;
+    }
+    for (; written < items.size() && items[written].done; ++written) {
+      out << items[written].result.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    }
+    out.flush();
+    if (out_failed()) throw dg::Error(dg::StatusCode::kIoError, out_name + ": write failed (" + std::strerror(errno) + ")");
+  };
+  bool cancelled = false;
+  const auto cancel_on_signal = [&] {
+    if (cancelled || !g_interrupted.load()) return;
+    // The first signal cancels what has not finished; those lines get "error": "cancelled".
+    // A second one ends the program at once.
+    cancelled = true;
+    interrupts.disarm();
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (!items[i].done) batcher.cancel(ids[i]);
+    }
+  };
+  cancel_on_signal();
   while (batcher.step()) {
+    cancel_on_signal();
+    write_ready();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (progress ? finished != reported : s - logged >= 10.0) {
       reported = finished;
@@ -233,26 +378,41 @@ int cmd_batch(const std::vector<std::string>& args) {
       std::fprintf(stderr, progress ? "\r%zu/%zu prompts, %.1f tokens/s" : "%zu/%zu prompts, %.1f tokens/s\n", finished,
                    items.size(), s > 0 ? tokens / s : 0.0);
       std::fflush(stderr);
+      progress_drawn = progress;
     }
   }
+  write_ready();
+  interrupts.disarm();
+  cancelled = cancelled || g_interrupted.load();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  std::ostream& out = to_file ? static_cast<std::ostream&>(file) : std::cout;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const Item& it = items[i];
-    out << (it.done ? it.result : nlohmann::ordered_json{{"index", i}, {"line", it.line}, {"error", "not run"}})
-               .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
-        << "\n";
+  for (; written < items.size(); ++written) {  // none is left unless the batcher stopped early
+    out << nlohmann::ordered_json{{"index", written}, {"line", items[written].line}, {"error", "not run"}}.dump() << "\n";
   }
   out.flush();
-  if (!out) throw dg::Error(dg::StatusCode::kInternal, "writing the results failed");
+  if (out_failed()) throw dg::Error(dg::StatusCode::kIoError, out_name + ": write failed (" + std::strerror(errno) + ")");
   const auto st = batcher.stats();
   std::fprintf(stderr, "%s[%zu prompts, %lld tokens in %.2f s, %.1f tokens/s, %.1f sequences per denoising pass]\n",
-               progress ? "\r\033[K" : "", items.size(), static_cast<long long>(tokens), seconds,
+               progress_drawn ? "\r\033[K" : "", items.size(), static_cast<long long>(tokens), seconds,
                seconds > 0 ? tokens / seconds : 0.0,
                st.denoise_passes ? static_cast<double>(st.denoise_steps) / static_cast<double>(st.denoise_passes) : 0.0);
-  if (!first_error.empty()) {
-    std::fprintf(stderr, "dgemma batch: error: %s\n", first_error.c_str());
+  if (cancelled) {
+    std::size_t ran = 0;
+    for (const auto& it : items) ran += it.result.contains("error") ? 0 : 1;
+    if (pending) pending->keep();
+    std::fprintf(stderr, "dgemma batch: interrupted: %zu of %zu prompts finished%s%s\n", ran, items.size(),
+                 pending ? "; the results so far are in " : "", pending ? pending->writing_to().c_str() : "");
+    return 130;
+  }
+  if (pending) pending->commit();
+  if (failed > 0) {
+    // The first failure in input order, and how many there were.
+    for (const auto& it : items) {
+      if (it.result.contains("error")) {
+        std::fprintf(stderr, "dgemma batch: error: %zu of %zu prompts failed; the first, %s: %s\n", failed, items.size(),
+                     it.where.c_str(), it.result["error"].get<std::string>().c_str());
+        break;
+      }
+    }
     return 1;
   }
   return 0;

@@ -75,6 +75,19 @@ inline std::string read_user_input(const std::string& path) {
   return diffusion_gemma::io::read_text_file(path);
 }
 
+// read_user_input's text, refused (exit 1, naming the file) unless it is valid UTF-8: the tokenizer
+// would encode U+FFFD in place of the bad bytes, ids that no prompt of the user's ever runs.
+inline std::string read_utf8_input(const std::string& path) {
+  std::string text = read_user_input(path);
+  const auto bad = diffusion_gemma::io::find_invalid_utf8(text);
+  if (bad != std::string::npos) {
+    throw diffusion_gemma::Error(diffusion_gemma::StatusCode::kInvalidArgument,
+                                 (path == "-" ? std::string("standard input") : path) + ": not valid UTF-8 (byte " +
+                                     std::to_string(bad) + ")");
+  }
+  return text;
+}
+
 // Fails, naming `path`, when an output file could not be opened for writing; finds that out
 // without creating or truncating anything, so that it can run before a long job whose later
 // checks may still refuse it (and `path` may be the job's own input).

@@ -153,15 +153,6 @@ class CanvasView {
   int text_col_ = 0;
 };
 
-std::string read_prompt_file(const std::string& path) {
-  const std::string text = read_user_input(path);
-  const auto bad = dg::io::find_invalid_utf8(text);
-  if (bad != std::string::npos) {
-    throw dg::Error(dg::StatusCode::kInvalidArgument, path + ": not valid UTF-8 (byte " + std::to_string(bad) + ")");
-  }
-  return text;
-}
-
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& args) {
@@ -213,7 +204,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     for (auto id : f.integers("prompt-ids", 0, cfg.vocab_size - 1)) prompt.push_back(static_cast<std::int32_t>(id));
   } else {
     if (!tok) throw dg::Error(dg::StatusCode::kNotFound, dir + "/tokenizer.json does not exist: give --prompt-ids instead of text");
-    const std::string text = f.has("prompt") ? f.str("prompt") : read_prompt_file(f.str("prompt-file"));
+    const std::string text = f.has("prompt") ? f.str("prompt") : read_utf8_input(f.str("prompt-file"));
     PromptFormat format;
     format.chat = f.flag("chat");
     format.think = f.flag("think");

@@ -324,14 +324,11 @@ int cmd_tokenize(const std::vector<std::string>& args, bool detokenize) {
     return 0;
   }
   if (f.has("text") == f.has("text-file")) throw UsageError("give exactly one of --text, --text-file");
-  const std::string text = f.has("text") ? f.str("text") : read_user_input(f.str("text-file"));
-  // As `dgemma generate` refuses such a prompt: the tokenizer would encode U+FFFD in place of the
-  // bad bytes, ids that no prompt of the user's ever runs.
+  // Invalid UTF-8 is refused as `dgemma generate` refuses it: a flag's value is a usage error
+  // (exit 2), a file's contents are not (exit 1).
+  const std::string text = f.has("text") ? f.str("text") : read_utf8_input(f.str("text-file"));
   const auto bad = dg::io::find_invalid_utf8(text);
-  if (bad != std::string::npos) {
-    throw UsageError(std::string(f.has("text") ? "--text" : f.str("text-file")) + " is not valid UTF-8 (byte " +
-                     std::to_string(bad) + ")");
-  }
+  if (bad != std::string::npos) throw UsageError("--text is not valid UTF-8 (byte " + std::to_string(bad) + ")");
   std::cout << nlohmann::json(tok.encode(text, !f.flag("no-special"))).dump() << "\n";
   return 0;
 }

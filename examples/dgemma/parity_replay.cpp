@@ -15,6 +15,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "sc_logits.hpp"
 
 namespace dgemma {
 
@@ -23,19 +24,6 @@ namespace dg = diffusion_gemma;
 namespace {
 
 std::vector<std::int32_t> as_ids(const std::vector<std::int64_t>& v) { return {v.begin(), v.end()}; }
-
-// Reads the F32 tensor `sc_logits` [C, V] of a safetensors file.
-std::vector<float> read_sc_logits(const std::string& path, std::int64_t C, std::int64_t V) {
-  const dg::io::SafetensorsFile f(path);
-  const auto& t = f.at("sc_logits");
-  if (t.dtype != dg::DType::kF32 || t.shape != dg::Shape{C, V}) {
-    throw dg::Error(dg::StatusCode::kFormatError, path + ": tensor 'sc_logits' must be F32 " + dg::Shape{C, V}.str() +
-                                                      ", is " + dg::dtype_name(t.dtype) + " " + t.shape.str());
-  }
-  std::vector<float> out(static_cast<std::size_t>(C * V));
-  std::memcpy(out.data(), t.data, out.size() * sizeof(float));
-  return out;
-}
 
 }  // namespace
 
@@ -58,6 +46,7 @@ int cmd_parity(const std::vector<std::string>& args) {
   }
   const std::string out_path = f.required("out");
   refuse_overwriting_checkpoint("out", out_path, f.required("model"));
+  require_writable(out_path);  // before the load and both passes
   auto model = load_model(f.required("model"), f.flag("check-weights"));
   const auto& cfg = model->config();
   const auto prompt = as_ids(f.integers("prompt-ids", 0, cfg.vocab_size - 1));
@@ -129,6 +118,13 @@ int cmd_replay(const std::vector<std::string>& args) {
                       draws_path + ": 'prompt_ids'[" + std::to_string(i) + "] = " + std::to_string(draws.prompt_ids[i]) +
                           " is outside the vocabulary [0, " + std::to_string(cfg.vocab_size) + ") of " + cfg.source);
     }
+  }
+  const std::int64_t prompt_length = static_cast<std::int64_t>(draws.prompt_ids.size());
+  if (prompt_length + cfg.canvas_length > cfg.max_position_embeddings) {
+    throw dg::Error(dg::StatusCode::kFormatError,
+                    draws_path + ": 'prompt_ids' has " + std::to_string(prompt_length) + " tokens, which leave no room for a canvas of " +
+                        std::to_string(cfg.canvas_length) + " before max_position_embeddings " +
+                        std::to_string(cfg.max_position_embeddings) + " of " + cfg.source + " (a recording of another model?)");
   }
   using ReplayDecoder = dg::Decoder<dg::cpu::Engine<dg::DiffusionGemmaBackbone>, dg::ReplaySampler>;
   auto o = ReplayDecoder::default_options(model->generation_config());

@@ -1,14 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // dgemma's flag parser (examples/dgemma/cli.hpp): integers over the whole range a flag states,
 // seeds over all 64 bits (as `dgemma serve` and batch files take them), and errors that name the
-// flag and the accepted range.
+// flag and the accepted range; the inputs a command reads besides its flags (`parity --sc-logits`).
 #include "support/catch.hpp"
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include <diffusion_gemma/io/safetensors_writer.hpp>
+
 #include "cli.hpp"
+#include "sc_logits.hpp"
+#include "support/paths.hpp"
 
 using dgemma::Flags;
 using dgemma::UsageError;
@@ -70,4 +76,32 @@ TEST_CASE("flags: --seed takes all 64 bits, as the server's \"seed\" and batch f
     CHECK(error_of([bad] { parsed({std::string("--seed=") + bad}).unsigned_integer("seed", 0); }).find("is not an integer") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("parity --sc-logits: a NaN or +inf logit is refused by element, -inf is a logit", "[cli]") {
+  namespace dg = diffusion_gemma;
+  const std::string path = dg_test::temp_dir("sc_logits") + "/sc.safetensors";
+  const auto write = [&](float x) {
+    std::vector<float> v(2 * 5, 0.5f);
+    v[1 * 5 + 3] = x;
+    dg::io::SafetensorsWriter w;
+    w.add("sc_logits", dg::Shape{2, 5}, v.data());
+    w.write(path);
+  };
+  const auto error = [&] {
+    try {
+      (void)dgemma::read_sc_logits(path, 2, 5);
+    } catch (const dg::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  write(-std::numeric_limits<float>::infinity());
+  CHECK(error().empty());
+  CHECK(std::isinf(dgemma::read_sc_logits(path, 2, 5)[8]));
+  write(std::numeric_limits<float>::quiet_NaN());
+  CHECK(error().find("sc.safetensors: tensor 'sc_logits'[1, 3] is NaN") != std::string::npos);
+  write(std::numeric_limits<float>::infinity());
+  CHECK(error().find("'sc_logits'[1, 3] is +inf") != std::string::npos);
+  CHECK_THROWS_AS(dgemma::read_sc_logits(path, 5, 2), dg::Error);  // the shape is checked first
 }

@@ -671,6 +671,45 @@ void api_key_and_overload(const std::string& key) {
   CHECK(s.log().find("dgemma serve: stopped") != std::string::npos, s.log());
 }
 
+// --memory-budget refusals name the field to change, and a default max_tokens is fitted to the
+// budget. The lengths are where request_bytes of the bundled model with one thread puts the 14 MiB
+// line: after 170 prompt tokens two canvases fit and three do not; after 260 not even one.
+void memory_budget() {
+  ServerProcess s(g_dgemma, {"--model", g_model, "--threads", "1", "--memory-budget", "14"});
+  const int port = s.port();
+  const auto ids = [](int n) {
+    json v = json::array({2});
+    for (int i = 1; i < n; ++i) v.push_back(17);
+    return v.dump();
+  };
+  const std::string model = R"({"model":")" + kModelId + R"(",)";
+  // The prompt alone is over the budget: the prompt is named, whether alone, in a list or a chat.
+  expect_error(post(port, "/v1/completions", model + R"("prompt":)" + ids(260) + R"(,"max_tokens":16})"), 400, "prompt",
+               "request_too_large", "a prompt over the budget");
+  expect_error(post(port, "/v1/completions", model + R"("prompt":["Add: 1 + 2",)" + ids(260) + "]}"), 400, "prompt[1]",
+               "request_too_large", "the second prompt over the budget");
+  std::string numbers;
+  for (int i = 0; i < 100; ++i) numbers += " " + std::to_string(10 + (i * 37) % 90);
+  expect_error(post(port, "/v1/chat/completions", chat_body("Sort ascending:" + numbers)), 400, "messages",
+               "request_too_large", "a conversation over the budget");
+  // A given max_tokens over the budget: max_tokens is named, with what would fit.
+  const Reply over = post(port, "/v1/completions", model + R"("prompt":)" + ids(170) + R"(,"max_tokens":48})");
+  expect_error(over, 400, "max_tokens", "request_too_large", "max_tokens over the budget");
+  CHECK(over.body.find("at most 32 new tokens") != std::string::npos, over.body);
+  // Without max_tokens the default (48) is shortened to what the budget holds after the prompt.
+  const Reply fitted = post(port, "/completion", R"({"prompt":)" + ids(170) + "}");
+  CHECK(fitted.status == 200, fitted.body);
+  if (fitted.status == 200) {
+    CHECK(json::parse(fitted.body)["generation_settings"]["n_predict"] == 32, fitted.body);
+  }
+  const Reply openai = post(port, "/v1/completions", model + R"("prompt":)" + ids(170) + "}");
+  CHECK(openai.status == 200, openai.body);
+  if (openai.status == 200) CHECK(json::parse(openai.body)["usage"]["completion_tokens"].get<int>() <= 32, openai.body);
+  // The default is kept whole where the budget holds it.
+  const Reply whole = post(port, "/completion", R"({"prompt":)" + ids(16) + "}");
+  CHECK(whole.status == 200 && json::parse(whole.body)["generation_settings"]["n_predict"] == 48, whole.body);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -705,6 +744,7 @@ int main(int argc, char** argv) {
       if (failures) std::fprintf(stderr, "server log:\n%s\n", s.log().c_str());
     }
     api_key_and_overload("sk-test-123");
+    memory_budget();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "FAILED: %s\n", e.what());
     return 1;

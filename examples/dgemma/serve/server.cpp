@@ -659,8 +659,9 @@ class Server {
     const dg::Status st = Sampler::can_implement(o.sampler);
     if (!st.ok()) throw ApiError(400, "dgemma: " + st.message(), "dgemma", "invalid_value");
     const auto& cfg = model_->config();
+    Scheduler::Plan plan;
     try {
-      (void)Scheduler::plan(o.scheduler, cfg, prompt_length);
+      plan = Scheduler::plan(o.scheduler, cfg, prompt_length);
     } catch (const dg::Error& e) {
       const bool prompt_alone = prompt_length + cfg.canvas_length > cfg.max_position_embeddings;
       std::string why = e.what();
@@ -668,15 +669,58 @@ class Server {
       if (why.find(tokens) == std::string::npos) why += " (the prompt is " + tokens + ")";
       throw ApiError(400, why, prompt_alone ? prompt_param : "max_tokens", "context_length_exceeded");
     }
+    // The batcher would refuse the same request with kOutOfRange; checked here so that the answer
+    // names the field to change: the prompt when even one canvas after it is over the budget.
+    const std::size_t budget = limits_.memory_budget_bytes;
+    const std::size_t need = budget > 0 ? dg::request_bytes_of<Scheduler>(engine_, plan, prompt_length) : 0;
+    if (need > budget) {
+      const int fit = new_tokens_within_budget(o.scheduler, prompt_length, max_tokens);
+      const auto mib = [](std::size_t b) { return std::to_string(static_cast<long long>((b + (1 << 20) - 1) >> 20)) + " MiB"; };
+      const auto needs = [&](const Scheduler::Plan& p) {
+        return "about " + mib(dg::request_bytes_of<Scheduler>(engine_, p, prompt_length)) + " (KV cache for " +
+               std::to_string(p.cache_capacity) + " positions and workspace)";
+      };
+      const std::string tokens = std::to_string(prompt_length) + " tokens";
+      if (fit > 0) {
+        throw ApiError(400,
+                       "the request needs " + needs(plan) + ", more than the server's --memory-budget of " + mib(budget) +
+                           "; at most " + std::to_string(fit) + " new tokens (whole canvases) fit after this prompt of " + tokens,
+                       "max_tokens", "request_too_large");
+      }
+      Scheduler::Arguments one = o.scheduler;
+      one.max_new_tokens = 1;
+      throw ApiError(400,
+                     "the prompt (" + tokens + ") does not fit in the server's --memory-budget of " + mib(budget) +
+                         " even with one canvas: it needs " + needs(Scheduler::plan(one, cfg, prompt_length)),
+                     prompt_param, "request_too_large");
+    }
     return o;
+  }
+
+  // The largest number of new tokens, up to `limit` and in whole canvases, whose request fits in
+  // --memory-budget after a prompt of `prompt_length` tokens (0: not even one canvas does). The
+  // scheduler must accept `limit` after this prompt.
+  int new_tokens_within_budget(Scheduler::Arguments a, std::int64_t prompt_length, int limit) const {
+    const auto& cfg = model_->config();
+    const std::size_t budget = limits_.memory_budget_bytes;
+    for (int tokens = limit; tokens > 0;) {
+      a.max_new_tokens = tokens;
+      const auto plan = Scheduler::plan(a, cfg, prompt_length);
+      if (budget == 0 || dg::request_bytes_of<Scheduler>(engine_, plan, prompt_length) <= budget) return tokens;
+      // One canvas fewer: the sum of the plan's canvases before its last.
+      int fewer = 0;
+      for (int b = 0; b + 1 < plan.num_canvases; ++b) fewer += Scheduler::Blocks::canvas_length(cfg, b);
+      tokens = std::min(fewer, tokens - 1);
+    }
+    return 0;
   }
 
   ApiError submit_error(const dg::Error& e) const {
     const std::string what = e.what();
     if (e.code() == dg::StatusCode::kUnavailable) return ApiError(429, "the server is busy: " + what, "", "queue_full");
-    // The positions were checked before submitting: an out-of-range request here needs more
-    // memory than the whole --memory-budget.
-    if (e.code() == dg::StatusCode::kOutOfRange) return ApiError(400, what, "max_tokens", "request_too_large");
+    // Positions and memory were checked before submitting (options_for), naming the field at fault;
+    // an out-of-range request that still reaches here needs more than the whole --memory-budget.
+    if (e.code() == dg::StatusCode::kOutOfRange) return ApiError(400, what, "", "request_too_large");
     if (e.code() == dg::StatusCode::kInvalidArgument) return ApiError(400, what, "", "invalid_value");
     return ApiError(500, what, "", "internal_error");
   }
@@ -763,6 +807,18 @@ class Server {
         if (!r.max_tokens_given || prompt_tokens + static_cast<std::int64_t>(max_tokens) <= cfg.max_position_embeddings) {
           const int fit = Scheduler::max_new_tokens_that_fit(cfg, prompt_tokens, max_tokens);
           if (fit > 0) max_tokens = fit;
+        }
+        // The default is also shortened to what --memory-budget holds after this prompt; a given
+        // limit over the budget is refused, naming max_tokens (options_for).
+        if (!r.max_tokens_given && !nothing_to_generate && limits_.memory_budget_bytes > 0 &&
+            prompt_tokens + static_cast<std::int64_t>(max_tokens) <= cfg.max_position_embeddings) {
+          Scheduler::Arguments a = defaults_.scheduler;
+          try {
+            const int fit = new_tokens_within_budget(a, prompt_tokens, max_tokens);
+            if (fit > 0) max_tokens = fit;
+          } catch (const dg::Error&) {
+            // the scheduler refuses this prompt: options_for reports it, naming the field
+          }
         }
         Options o = nothing_to_generate ? defaults_ : options_for(r, max_tokens, prompt_tokens, param);
         if (nothing_to_generate) o.sampler.rng.seed = r.seed;
