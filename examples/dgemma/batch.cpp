@@ -3,6 +3,7 @@
 // (runtime/batcher.hpp), one JSON line per prompt out, in input order. Each answer is the one
 // `dgemma generate` gives for that prompt and seed: a sequence's tokens do not depend on its
 // neighbours in a batch.
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -64,14 +65,17 @@ std::string parse_reason(const nlohmann::json::parse_error& e) {
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_interrupt(int) { g_interrupted.store(true); }
 
-// SIGINT and SIGTERM set g_interrupted while armed; the previous handlers come back on disarm()
-// (after the first signal, so that a second one ends the program) or at the end of the scope.
+// SIGINT and SIGTERM set g_interrupted while armed, except a signal the program started with
+// ignored (a background job of a script), which stays ignored; the previous dispositions come back
+// at disarm() or at the end of the scope.
 class InterruptGuard {
  public:
   InterruptGuard() {
     g_interrupted = false;
-    previous_int_ = std::signal(SIGINT, on_interrupt);
-    previous_term_ = std::signal(SIGTERM, on_interrupt);
+    previous_int_ = std::signal(SIGINT, SIG_IGN);
+    previous_term_ = std::signal(SIGTERM, SIG_IGN);
+    if (previous_int_ != SIG_IGN) std::signal(SIGINT, on_interrupt);
+    if (previous_term_ != SIG_IGN) std::signal(SIGTERM, on_interrupt);
   }
   InterruptGuard(const InterruptGuard&) = delete;
   InterruptGuard& operator=(const InterruptGuard&) = delete;
@@ -79,8 +83,8 @@ class InterruptGuard {
   void disarm() {
     if (!armed_) return;
     armed_ = false;
-    std::signal(SIGINT, previous_int_);
-    std::signal(SIGTERM, previous_term_);
+    std::signal(SIGINT, previous_int_ == SIG_ERR ? SIG_DFL : previous_int_);
+    std::signal(SIGTERM, previous_term_ == SIG_ERR ? SIG_DFL : previous_term_);
   }
 
  private:
@@ -89,66 +93,22 @@ class InterruptGuard {
   bool armed_ = true;
 };
 
-// Writes the results to a file beside --output and renames it over --output once every line has
-// its result, as `sort -o` replaces its output only at the end: an interrupted run or a crash
-// leaves --output (which may be the input) as it was. Only a regular file (or a new one) is
-// replaced so; a device or a pipe (/dev/stdout, /dev/null, a FIFO) is written in place, and a
-// symbolic link's target is replaced, not the link.
-class PendingOutput {
- public:
-  explicit PendingOutput(const std::string& path) : path_(path) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-      file_.open(path_, std::ios::binary);
-      if (!file_) fail("cannot open for writing");
-      return;
-    }
-    std::string target = path;
-    if (char* real = ::realpath(path.c_str(), nullptr)) {
-      target = real;
-      std::free(real);
-    }
-    std::string tmpl = target + ".partial-XXXXXX";
-    const int fd = ::mkstemp(&tmpl[0]);
-    if (fd < 0) fail("cannot create " + tmpl);
-    const ::mode_t mask = ::umask(0);  // mkstemp's 0600 would become the output's mode
-    ::umask(mask);
-    ::fchmod(fd, 0666 & ~mask);
-    ::close(fd);
-    target_ = target;
-    temp_ = tmpl;
-    file_.open(temp_, std::ios::binary | std::ios::trunc);
-    if (!file_) fail("cannot open " + temp_);
-  }
-  PendingOutput(const PendingOutput&) = delete;
-  PendingOutput& operator=(const PendingOutput&) = delete;
-  ~PendingOutput() {
-    if (!temp_.empty() && !keep_) std::remove(temp_.c_str());
-  }
-  std::ostream& stream() { return file_; }
-  // Where the lines are being written.
-  const std::string& writing_to() const { return temp_.empty() ? path_ : temp_; }
-  void commit() {
-    file_.close();
-    if (!file_) fail("writing " + writing_to());
-    if (temp_.empty()) return;
-    if (std::rename(temp_.c_str(), target_.c_str()) != 0) fail("renaming " + temp_ + " to " + target_);
-    temp_.clear();
-  }
-  // Leaves the results so far where they are (an interrupted run's).
-  void keep() {
-    file_.flush();
-    keep_ = true;
-  }
+// Whether two paths name the same existing file (another spelling, a link).
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
 
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw dg::Error(dg::StatusCode::kIoError, path_ + ": " + what + " (" + std::strerror(errno) + ")");
+// Writes `lines` to `path` (truncating it: its owner, mode and links stay), or throws naming it.
+void write_lines(const std::string& path, const std::vector<std::string>& lines) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  if (!file) {
+    throw dg::Error(dg::StatusCode::kIoError, path + ": cannot open for writing (" + std::strerror(errno) + ")");
   }
-  std::string path_, target_, temp_;
-  std::ofstream file_;
-  bool keep_ = false;
-};
+  for (const auto& l : lines) file << l << '\n';
+  file.close();
+  if (!file) throw dg::Error(dg::StatusCode::kIoError, path + ": write failed (" + std::strerror(errno) + ")");
+}
 
 // One input line: a JSON string (the prompt text) or an object with "prompt" (text) or
 // "prompt_ids", and optionally "seed" and "max_new_tokens" over the flags' values. --chat formats
@@ -242,6 +202,7 @@ int cmd_batch(const std::vector<std::string>& args) {
   const std::string input = f.str("input") == "-" ? "standard input" : f.str("input");  // as errors name it
   // "-" is standard output, as the default is.
   const bool to_file = f.has("output") && f.str("output") != "-";
+  if (f.has("output") && f.str("output").empty()) throw UsageError("--output needs a file name (or - for standard output)");
   // Flags that need no model are checked before the (possibly long) load.
   const dg::cpu::EngineOptions engine_opts = engine_options(f, dg::cpu::EngineOptions{}.precision);
   const std::size_t budget_bytes = static_cast<std::size_t>(f.integer("memory-budget", 0, 0, 1 << 30)) << 20;
@@ -327,41 +288,42 @@ int cmd_batch(const std::vector<std::string>& args) {
       throw dg::Error(e.code(), items[i].where + ": " + e.what());
     }
   }
-  // The results go to a file beside --output (it may be the input), created only once every flag
-  // and line has passed, still before any work.
-  std::unique_ptr<PendingOutput> pending;
-  if (to_file) pending = std::make_unique<PendingOutput>(f.str("output"));
-  std::ostream& out = to_file ? pending->stream() : std::cout;
-  const std::string out_name = to_file ? pending->writing_to() : std::string("standard output");
-  // std::cout's flush does not report a failed write (a full disk): stdio's error flag does.
-  const auto out_failed = [&] { return !out || (!to_file && (std::fflush(stdout) != 0 || std::ferror(stdout))); };
+  // Standard output gets each result as soon as every earlier line has its own, in input order,
+  // so that a reader downstream sees the answers as they come. --output FILE is written once at
+  // the end, as `sort -o` writes: FILE may be the input, and an interrupted run leaves it alone.
   const auto t0 = std::chrono::steady_clock::now();
   // Progress: a line redrawn in place on a terminal; in a log, a line every 10 seconds.
   const bool progress = stderr_is_terminal();
   bool progress_drawn = false;
   std::size_t reported = 0, written = 0;
   double logged = 0;
-  // Each result is written as soon as every earlier line has its own, in input order, so that a
-  // reader downstream sees the answers as they come.
-  const auto write_ready = [&] {
-    if (written == items.size() || !items[written].done) return;
-    if (progress_drawn && !to_file) {  // the results share the terminal with the progress line
+  const auto line_of = [&](std::size_t i) {
+    const nlohmann::ordered_json& j =
+        items[i].done ? items[i].result : nlohmann::ordered_json{{"index", i}, {"line", items[i].line}, {"error", "not run"}};
+    return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  };
+  // std::cout's flush does not report a failed write (a full disk): stdio's error flag does.
+  const auto stdout_failed = [] { return !std::cout || std::fflush(stdout) != 0 || std::ferror(stdout); };
+  const auto write_ready = [&](bool all) {
+    if (to_file || written == items.size() || !(all || items[written].done)) return;
+    if (progress_drawn) {  // the results share the terminal with the progress line
       std::fputs("\r\033[K", stderr);
       progress_drawn = false;
       reported = SIZE_MAX;
     }
-    for (; written < items.size() && items[written].done; ++written) {
-      out << items[written].result.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    for (; written < items.size() && (all || items[written].done); ++written) std::cout << line_of(written) << "\n";
+    std::cout.flush();
+    if (stdout_failed()) {
+      throw dg::Error(dg::StatusCode::kIoError, std::string("standard output: write failed (") + std::strerror(errno) + ")");
     }
-    out.flush();
-    if (out_failed()) throw dg::Error(dg::StatusCode::kIoError, out_name + ": write failed (" + std::strerror(errno) + ")");
   };
-  bool cancelled = false;
+  bool cancelling = false;
   const auto cancel_on_signal = [&] {
-    if (cancelled || !g_interrupted.load()) return;
-    // The first signal cancels what has not finished; those lines get "error": "cancelled".
-    // A second one ends the program at once.
-    cancelled = true;
+    if (cancelling || !g_interrupted.load()) return;
+    // The first signal cancels what has not finished; those lines get "error": "cancelled". The
+    // previous handlers come back, so that a second signal ends the program (one sent twice at
+    // once, as `timeout` sends it to the process and its group, counts once).
+    cancelling = true;
     interrupts.disarm();
     for (std::size_t i = 0; i < items.size(); ++i) {
       if (!items[i].done) batcher.cancel(ids[i]);
@@ -370,7 +332,7 @@ int cmd_batch(const std::vector<std::string>& args) {
   cancel_on_signal();
   while (batcher.step()) {
     cancel_on_signal();
-    write_ready();
+    write_ready(false);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (progress ? finished != reported : s - logged >= 10.0) {
       reported = finished;
@@ -381,29 +343,40 @@ int cmd_batch(const std::vector<std::string>& args) {
       progress_drawn = progress;
     }
   }
-  write_ready();
+  // Opening the output may block (a FIFO without a reader): signals end the program again from here.
   interrupts.disarm();
-  cancelled = cancelled || g_interrupted.load();
+  write_ready(true);  // a line for every prompt ("not run" if the batcher stopped early)
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (; written < items.size(); ++written) {  // none is left unless the batcher stopped early
-    out << nlohmann::ordered_json{{"index", written}, {"line", items[written].line}, {"error", "not run"}}.dump() << "\n";
-  }
-  out.flush();
-  if (out_failed()) throw dg::Error(dg::StatusCode::kIoError, out_name + ": write failed (" + std::strerror(errno) + ")");
   const auto st = batcher.stats();
   std::fprintf(stderr, "%s[%zu prompts, %lld tokens in %.2f s, %.1f tokens/s, %.1f sequences per denoising pass]\n",
                progress_drawn ? "\r\033[K" : "", items.size(), static_cast<long long>(tokens), seconds,
                seconds > 0 ? tokens / seconds : 0.0,
                st.denoise_passes ? static_cast<double>(st.denoise_steps) / static_cast<double>(st.denoise_passes) : 0.0);
-  if (cancelled) {
-    std::size_t ran = 0;
-    for (const auto& it : items) ran += it.result.contains("error") ? 0 : 1;
-    if (pending) pending->keep();
-    std::fprintf(stderr, "dgemma batch: interrupted: %zu of %zu prompts finished%s%s\n", ran, items.size(),
-                 pending ? "; the results so far are in " : "", pending ? pending->writing_to().c_str() : "");
+  // Interrupted only if a prompt was: a signal during the last step leaves a complete run.
+  const std::size_t cancelled = static_cast<std::size_t>(std::count_if(
+      items.begin(), items.end(), [](const Item& it) { return it.done && it.result.value("error", "") == "cancelled"; }));
+  if (to_file) {
+    std::vector<std::string> lines;
+    for (std::size_t i = 0; i < items.size(); ++i) lines.push_back(line_of(i));
+    std::string path = f.str("output");
+    if (cancelled > 0 && f.str("input") != "-" && same_file(path, f.str("input"))) {
+      // An interrupted run over its own input keeps the input and writes beside it.
+      std::string tmpl = path + ".partial-XXXXXX";
+      const int fd = ::mkstemp(&tmpl[0]);
+      if (fd < 0) throw dg::Error(dg::StatusCode::kIoError, tmpl + ": cannot create (" + std::strerror(errno) + ")");
+      ::close(fd);
+      path = tmpl;
+    }
+    write_lines(path, lines);
+    if (cancelled > 0) {
+      std::fprintf(stderr, "dgemma batch: interrupted: %zu of %zu prompts cancelled; the results are in %s%s\n", cancelled,
+                   items.size(), path.c_str(), path == f.str("output") ? "" : " (--output is the input: left as it was)");
+      return 130;
+    }
+  } else if (cancelled > 0) {
+    std::fprintf(stderr, "dgemma batch: interrupted: %zu of %zu prompts cancelled\n", cancelled, items.size());
     return 130;
   }
-  if (pending) pending->commit();
   if (failed > 0) {
     // The first failure in input order, and how many there were.
     for (const auto& it : items) {

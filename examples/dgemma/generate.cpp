@@ -2,7 +2,9 @@
 // dgemma generate: text or ids in, text out, with a live view of the canvas as it denoises.
 #include <atomic>
 #include <csignal>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -268,7 +270,10 @@ int cmd_generate(const std::vector<std::string>& args) {
   std::signal(SIGINT, previous);
   if (view_on) view.erase();
   if (!json && tok && !stream.finished()) print_text(stream.add(nullptr, 0, false, true).text);  // cancelled
-  if (trace) trace->write_summary(r);
+  if (trace) {
+    trace->write_summary(r);
+    trace->close();
+  }
 
   const std::vector<std::int32_t> out = r.text_tokens();
   const std::string text = tok ? decode_known(*tok, out) : std::string();
@@ -300,6 +305,11 @@ int cmd_generate(const std::vector<std::string>& args) {
                  steps_text.str().c_str(), r.tokens_per_forward,
                  gen_seconds > 0 ? static_cast<double>(out.size()) / gen_seconds : 0.0, r.first_commit_seconds,
                  dg::to_string(r.finish));
+  }
+  // The answer must have reached standard output (a full disk fails only at the flush).
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    throw dg::Error(dg::StatusCode::kIoError, std::string("standard output: write failed (") + std::strerror(errno) + ")");
   }
   return r.finish == dg::Finish::kCancelled ? 130 : 0;
 }

@@ -46,6 +46,21 @@ if(NOT rc EQUAL 2 OR NOT err MATCHES "dgemma <command> --help" OR NOT out STREQU
   message(FATAL_ERROR "dgemma without a command: expected the usage on stderr and exit code 2, got ${rc}:\n${out}\n${err}")
 endif()
 
+# A full disk (here a file-size limit) is reported, naming what could not be written: the trace was
+# cut mid-line and the answer lost with exit code 0.
+execute_process(COMMAND sh -c "trap '' XFSZ; ulimit -f 1; exec \"$0\" generate --model \"$1\" --prompt 'Sort ascending: 9 4 7' --threads 1 --max-new-tokens 48 --stability-threshold 100000 --json --trace \"$2\""
+                        ${DGEMMA} ${MODEL} ${WORK}/cut_trace.jsonl
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(NOT rc EQUAL 1 OR NOT err MATCHES "cut_trace.jsonl: write failed \\(File too large\\)")
+  message(FATAL_ERROR "generate --trace past a file-size limit: expected exit 1 naming the trace, got ${rc}: ${err}")
+endif()
+execute_process(COMMAND sh -c "trap '' XFSZ; ulimit -f 0; exec \"$0\" generate --model \"$1\" --prompt hi --threads 1 --max-new-tokens 16 --json > \"$2\""
+                        ${DGEMMA} ${MODEL} ${WORK}/cut_answer.json
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 1 OR NOT err MATCHES "standard output: write failed")
+  message(FATAL_ERROR "generate --json past a file-size limit: expected exit 1, got ${rc}: ${err}")
+endif()
+
 # A file named by --output or --trace is left alone when a later flag is refused.
 file(WRITE "${WORK}/prompts.jsonl" "{\"prompt\": \"Add: 1 + 2\", \"max_new_tokens\": 16}\n")
 foreach(bad "precision;bogus" "memory-budget;abc" "threads;-1")
@@ -68,21 +83,21 @@ if(NOT kept STREQUAL lines)
   message(FATAL_ERROR "dgemma batch: a refused line emptied --output, which was the input")
 endif()
 expect_failure("is a directory" batch --model ${MODEL} --input ${WORK}/prompts.jsonl --output ${WORK})
-# An interrupted batch leaves --output as it was (here the input itself): the results go to a file
-# beside it, renamed over it only when every line has its result. The run was emptying it first.
+# An interrupted batch leaves --output alone when it is the input, and writes its results (a line
+# per prompt, "cancelled" for those not run) beside it. The run was emptying it first.
 set(long_lines "")
 foreach(i RANGE 1 600)
   string(APPEND long_lines "{\"prompt\": \"Sort ascending: ${i} 9 4\", \"max_new_tokens\": 48}\n")
 endforeach()
 file(WRITE "${WORK}/interrupted.jsonl" "${long_lines}")
-execute_process(COMMAND timeout -s INT 6 ${DGEMMA} batch --model ${MODEL} --input ${WORK}/interrupted.jsonl
+execute_process(COMMAND timeout -s INT 10 ${DGEMMA} batch --model ${MODEL} --input ${WORK}/interrupted.jsonl
                         --output ${WORK}/interrupted.jsonl --threads 1 --stability-threshold 100000
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 file(READ "${WORK}/interrupted.jsonl" kept)
 if(NOT kept STREQUAL long_lines)
   message(FATAL_ERROR "dgemma batch interrupted: --output (the input) was changed (${rc}):\n${err}")
 endif()
-if(NOT err MATCHES "interrupted: [0-9]+ of 600 prompts finished; the results so far are in ([^\n]*interrupted.jsonl.partial-[A-Za-z0-9]+)")
+if(NOT err MATCHES "interrupted: [0-9]+ of 600 prompts cancelled; the results are in ([^\n ]*interrupted.jsonl.partial-[A-Za-z0-9]+) \\(--output is the input: left as it was\\)")
   message(FATAL_ERROR "dgemma batch interrupted: expected the partial results' file to be named, got ${rc}:\n${err}")
 endif()
 file(STRINGS "${CMAKE_MATCH_1}" partial)
@@ -92,7 +107,7 @@ if(NOT partial_lines EQUAL 600 OR NOT last MATCHES "\"index\":599,\"line\":600,\
   message(FATAL_ERROR "dgemma batch interrupted: ${partial_lines} lines in ${CMAKE_MATCH_1}, the last '${last}'")
 endif()
 file(REMOVE "${CMAKE_MATCH_1}")
-# Anything but a regular file is written in place, not replaced: /dev/stdout is standard output.
+# --output is opened only at the end, as it is: /dev/stdout is standard output.
 execute_process(COMMAND ${DGEMMA} batch --model ${MODEL} --input ${WORK}/prompts.jsonl --output /dev/stdout --threads 1
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0 OR NOT out MATCHES "^{\"index\":0,\"line\":1,\"text\"")

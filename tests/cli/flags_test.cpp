@@ -78,7 +78,7 @@ TEST_CASE("flags: --seed takes all 64 bits, as the server's \"seed\" and batch f
   }
 }
 
-TEST_CASE("parity --sc-logits: a NaN or +inf logit is refused by element, -inf is a logit", "[cli]") {
+TEST_CASE("parity --sc-logits: a NaN or +inf logit or a row without a finite one is refused, -inf is a logit", "[cli]") {
   namespace dg = diffusion_gemma;
   const std::string path = dg_test::temp_dir("sc_logits") + "/sc.safetensors";
   const auto write = [&](float x) {
@@ -104,4 +104,12 @@ TEST_CASE("parity --sc-logits: a NaN or +inf logit is refused by element, -inf i
   write(std::numeric_limits<float>::infinity());
   CHECK(error().find("'sc_logits'[1, 3] is +inf") != std::string::npos);
   CHECK_THROWS_AS(dgemma::read_sc_logits(path, 5, 2), dg::Error);  // the shape is checked first
+  {
+    std::vector<float> v(2 * 5, -std::numeric_limits<float>::infinity());
+    v[2] = 1.0f;  // row 0 keeps one token, row 1 none
+    dg::io::SafetensorsWriter w;
+    w.add("sc_logits", dg::Shape{2, 5}, v.data());
+    w.write(path);
+  }
+  CHECK(error().find("'sc_logits' row 1 is -inf everywhere") != std::string::npos);
 }

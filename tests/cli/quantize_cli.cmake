@@ -103,6 +103,14 @@ expect_failure("missing tensors.*layers\\.2\\." quantize --model ${WORK}/three_l
 if(EXISTS "${WORK}/from_three_layers")
   message(FATAL_ERROR "dgemma quantize created its output for a checkpoint it refused")
 endif()
+# A dequantize cut short by a full disk (here a file-size limit) says why and leaves no cut file.
+execute_process(COMMAND sh -c "trap '' XFSZ; ulimit -f 16; exec \"$0\" dequantize --model \"$1\" --out \"$2\""
+                        ${DGEMMA} ${FIXTURES}/quant/w4a16_g32 ${WORK}/cut.safetensors
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 1 OR NOT err MATCHES "cut.safetensors: write failed \\(File too large\\); nothing was kept" OR
+   EXISTS "${WORK}/cut.safetensors")
+  message(FATAL_ERROR "dequantize past a file-size limit: expected exit 1 naming the file and no file left, got ${rc}: ${err}")
+endif()
 # dequantize on a checkpoint that is not quantized says so instead of writing an empty file.
 expect_failure("not quantized" dequantize --model ${FIXTURES}/quant/base --out ${WORK}/nothing.safetensors)
 if(EXISTS "${WORK}/nothing.safetensors")

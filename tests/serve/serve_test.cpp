@@ -696,6 +696,9 @@ void memory_budget() {
   const Reply over = post(port, "/v1/completions", model + R"("prompt":)" + ids(170) + R"(,"max_tokens":48})");
   expect_error(over, 400, "max_tokens", "request_too_large", "max_tokens over the budget");
   CHECK(over.body.find("at most 32 new tokens") != std::string::npos, over.body);
+  // ... by the name the client used.
+  expect_error(post(port, "/completion", R"({"prompt":)" + ids(170) + R"(,"n_predict":48})"), 400, "n_predict",
+               "request_too_large", "llama.cpp's n_predict over the budget");
   // Without max_tokens the default (48) is shortened to what the budget holds after the prompt.
   const Reply fitted = post(port, "/completion", R"({"prompt":)" + ids(170) + "}");
   CHECK(fitted.status == 200, fitted.body);

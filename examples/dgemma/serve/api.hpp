@@ -99,6 +99,7 @@ struct GenerationRequest {
   int n = 1;  // choices per prompt: choice j of a prompt uses seed + j
   int max_tokens = 0;
   bool max_tokens_given = false;  // false: the checkpoint's default, which the server may shorten to fit the context
+  std::string max_tokens_param = "max_tokens";  // the field that gave it, as refusals name it
   std::uint64_t seed = 0;         // default 0, as `dgemma generate`: the same request gives the same answer
   bool random_seed = false;       // "seed": -1 (llama.cpp's convention): the server draws one and reports it
   bool enable_thinking = false;   // chat_template_kwargs.enable_thinking: the chat format's thinking switch
@@ -431,6 +432,7 @@ inline json parse_common(const std::string& body, const ApiLimits& limits, const
     if (max_tokens && *max_tokens != v) {
       bad_value(k, "disagrees with 'max_tokens' (" + std::to_string(*max_tokens) + " vs " + std::to_string(v) + ")");
     }
+    if (!max_tokens) r.max_tokens_param = k;
     max_tokens = v;
   }
   if (max_tokens) r.max_tokens = static_cast<int>(*max_tokens);

@@ -134,6 +134,7 @@ inline GenerationRequest parse_llama_completion_request(const std::string& body,
       continue;
     }
     if (v != -1) n_predict = v;
+    r.max_tokens_param = k;
   }
   if (n_predict) r.max_tokens = static_cast<int>(*n_predict);
   r.max_tokens_given = n_predict.has_value();

@@ -667,7 +667,7 @@ class Server {
       std::string why = e.what();
       const std::string tokens = std::to_string(prompt_length) + " tokens";
       if (why.find(tokens) == std::string::npos) why += " (the prompt is " + tokens + ")";
-      throw ApiError(400, why, prompt_alone ? prompt_param : "max_tokens", "context_length_exceeded");
+      throw ApiError(400, why, prompt_alone ? prompt_param : r.max_tokens_param, "context_length_exceeded");
     }
     // The batcher would refuse the same request with kOutOfRange; checked here so that the answer
     // names the field to change: the prompt when even one canvas after it is over the budget.
@@ -685,7 +685,7 @@ class Server {
         throw ApiError(400,
                        "the request needs " + needs(plan) + ", more than the server's --memory-budget of " + mib(budget) +
                            "; at most " + std::to_string(fit) + " new tokens (whole canvases) fit after this prompt of " + tokens,
-                       "max_tokens", "request_too_large");
+                       r.max_tokens_param, "request_too_large");
       }
       Scheduler::Arguments one = o.scheduler;
       one.max_new_tokens = 1;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include <diffusion_gemma/core/status.hpp>
@@ -64,8 +66,17 @@ class SafetensorsWriter {
       if (!ok) break;
       if (!t.bytes.empty()) ok = std::fwrite(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size();
     }
-    ok = (std::fclose(f) == 0) && ok;
-    if (!ok) throw_error(StatusCode::kIoError, path, ": write failed");
+    int error = ok ? 0 : errno;
+    if (std::fclose(f) != 0 && ok) {
+      ok = false;
+      error = errno;
+    }
+    if (!ok) {
+      // A cut file is no safetensors file: a regular one is removed rather than left to be read.
+      struct stat st {};
+      if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) std::remove(path.c_str());
+      throw_error(StatusCode::kIoError, path, ": write failed (", std::strerror(error), "); nothing was kept");
+    }
   }
 
  private:

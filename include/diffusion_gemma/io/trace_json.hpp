@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -47,7 +49,7 @@ inline nlohmann::ordered_json summary_json(const GenerationResult& r) {
 class TraceWriter {
  public:
   explicit TraceWriter(const std::string& path) : path_(path), f_(std::fopen(path.c_str(), "w")) {
-    if (f_ == nullptr) throw_error(StatusCode::kIoError, path, ": cannot open for writing");
+    if (f_ == nullptr) throw_error(StatusCode::kIoError, path, ": cannot open for writing (", std::strerror(errno), ")");
   }
   ~TraceWriter() {
     if (f_ != nullptr) std::fclose(f_);
@@ -66,11 +68,21 @@ class TraceWriter {
     for (std::size_t i = canvases_written_; i < r.canvases.size(); ++i) write(r.canvases[i]);
     write_line(summary_json(r).dump());
   }
+  // Closes the file, reporting what the last writes left unsaid (the destructor cannot).
+  void close() {
+    if (f_ == nullptr) return;
+    const bool ok = std::fclose(f_) == 0;
+    f_ = nullptr;
+    if (!ok) throw_error(StatusCode::kIoError, path_, ": write failed (", std::strerror(errno), ")");
+  }
 
  private:
+  // Flushed line by line, so that a full disk is reported at the line it cut, not lost in stdio's buffer.
   void write_line(const std::string& line) {
-    if (std::fputs(line.c_str(), f_) < 0 || std::fputc('\n', f_) == EOF) throw_error(StatusCode::kIoError, path_, ": write failed");
-    std::fflush(f_);
+    if (f_ == nullptr) throw_error(StatusCode::kIoError, path_, ": written after close()");
+    if (std::fputs(line.c_str(), f_) < 0 || std::fputc('\n', f_) == EOF || std::fflush(f_) != 0 || std::ferror(f_)) {
+      throw_error(StatusCode::kIoError, path_, ": write failed (", std::strerror(errno), ")");
+    }
   }
   std::string path_;
   std::FILE* f_;
