@@ -72,8 +72,12 @@ class InterruptGuard {
  public:
   InterruptGuard() {
     g_interrupted = false;
-    previous_int_ = std::signal(SIGINT, SIG_IGN);
-    previous_term_ = std::signal(SIGTERM, SIG_IGN);
+    // The dispositions are read without changing them, so that no signal is lost in between.
+    struct sigaction old_int {}, old_term {};
+    ::sigaction(SIGINT, nullptr, &old_int);
+    ::sigaction(SIGTERM, nullptr, &old_term);
+    previous_int_ = old_int.sa_handler;
+    previous_term_ = old_term.sa_handler;
     if (previous_int_ != SIG_IGN) std::signal(SIGINT, on_interrupt);
     if (previous_term_ != SIG_IGN) std::signal(SIGTERM, on_interrupt);
   }
@@ -358,20 +362,52 @@ int cmd_batch(const std::vector<std::string>& args) {
   if (to_file) {
     std::vector<std::string> lines;
     for (std::size_t i = 0; i < items.size(); ++i) lines.push_back(line_of(i));
-    std::string path = f.str("output");
-    if (cancelled > 0 && f.str("input") != "-" && same_file(path, f.str("input"))) {
-      // An interrupted run over its own input keeps the input and writes beside it.
-      std::string tmpl = path + ".partial-XXXXXX";
-      const int fd = ::mkstemp(&tmpl[0]);
-      if (fd < 0) throw dg::Error(dg::StatusCode::kIoError, tmpl + ": cannot create (" + std::strerror(errno) + ")");
-      ::close(fd);
-      path = tmpl;
-    }
-    write_lines(path, lines);
-    if (cancelled > 0) {
-      std::fprintf(stderr, "dgemma batch: interrupted: %zu of %zu prompts cancelled; the results are in %s%s\n", cancelled,
-                   items.size(), path.c_str(), path == f.str("output") ? "" : " (--output is the input: left as it was)");
-      return 130;
+    const std::string output = f.str("output");
+    if (f.str("input") == "-" || !same_file(output, f.str("input"))) {
+      write_lines(output, lines);
+      if (cancelled > 0) {
+        std::fprintf(stderr, "dgemma batch: interrupted: %zu of %zu prompts cancelled; the results are in %s\n", cancelled,
+                     items.size(), output.c_str());
+        return 130;
+      }
+    } else {
+      // --output is the input. The results are first written whole beside it, so that neither
+      // an interruption nor a write cut short (a full disk, a signal) loses both: an interrupted
+      // run leaves the input as it was, a complete one copies the results over it.
+      std::string partial = output + ".partial-XXXXXX";
+      const int fd = ::mkstemp(&partial[0]);
+      if (fd >= 0) {
+        ::close(fd);
+        try {
+          write_lines(partial, lines);
+        } catch (const dg::Error& e) {
+          std::remove(partial.c_str());
+          throw dg::Error(e.code(), std::string(e.what()) + "; --output (the input) was left as it was");
+        }
+      } else if (cancelled > 0) {
+        // No room beside it (a read-only directory): the results go to standard output.
+        std::fprintf(stderr, "dgemma batch: %s: cannot create (%s); the results follow on standard output\n",
+                     partial.c_str(), std::strerror(errno));
+        for (const auto& l : lines) std::cout << l << "\n";
+        std::cout.flush();
+        partial = "standard output";
+      } else {
+        partial.clear();
+      }
+      if (cancelled > 0) {
+        std::fprintf(stderr,
+                     "dgemma batch: interrupted: %zu of %zu prompts cancelled; the results are in %s "
+                     "(--output is the input: left as it was)\n",
+                     cancelled, items.size(), partial.c_str());
+        return 130;
+      }
+      try {
+        write_lines(output, lines);
+      } catch (const dg::Error& e) {
+        if (partial.empty()) throw;
+        throw dg::Error(e.code(), std::string(e.what()) + "; the input is cut, the results are whole in " + partial);
+      }
+      if (!partial.empty()) std::remove(partial.c_str());
     }
   } else if (cancelled > 0) {
     std::fprintf(stderr, "dgemma batch: interrupted: %zu of %zu prompts cancelled\n", cancelled, items.size());

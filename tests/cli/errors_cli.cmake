@@ -107,6 +107,20 @@ if(NOT partial_lines EQUAL 600 OR NOT last MATCHES "\"index\":599,\"line\":600,\
   message(FATAL_ERROR "dgemma batch interrupted: ${partial_lines} lines in ${CMAKE_MATCH_1}, the last '${last}'")
 endif()
 file(REMOVE "${CMAKE_MATCH_1}")
+# Rewriting its own input on a full disk (a file-size limit) leaves the input as it was.
+set(ten "")
+foreach(i RANGE 1 10)
+  string(APPEND ten "\"Add: ${i} + 1\"\n")
+endforeach()
+file(WRITE "${WORK}/full_in_place.jsonl" "${ten}")
+execute_process(COMMAND sh -c "trap '' XFSZ; ulimit -f 1; exec \"$0\" batch --model \"$1\" --input \"$2\" --output \"$2\" --threads 1 --max-new-tokens 16"
+                        ${DGEMMA} ${MODEL} ${WORK}/full_in_place.jsonl
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+file(READ "${WORK}/full_in_place.jsonl" kept)
+if(NOT rc EQUAL 1 OR NOT err MATCHES "write failed \\(File too large\\); --output \\(the input\\) was left as it was" OR
+   NOT kept STREQUAL ten)
+  message(FATAL_ERROR "batch in place on a full disk: ${rc}: ${err}\nthe input now holds '${kept}'")
+endif()
 # --output is opened only at the end, as it is: /dev/stdout is standard output.
 execute_process(COMMAND ${DGEMMA} batch --model ${MODEL} --input ${WORK}/prompts.jsonl --output /dev/stdout --threads 1
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -111,6 +111,16 @@ if(NOT rc EQUAL 1 OR NOT err MATCHES "cut.safetensors: write failed \\(File too 
    EXISTS "${WORK}/cut.safetensors")
   message(FATAL_ERROR "dequantize past a file-size limit: expected exit 1 naming the file and no file left, got ${rc}: ${err}")
 endif()
+# Through a symbolic link the cut file is named, and neither the link nor its target is removed.
+file(WRITE "${WORK}/cut_target.safetensors" "old")
+file(CREATE_LINK "${WORK}/cut_target.safetensors" "${WORK}/cut_link.safetensors" SYMBOLIC)
+execute_process(COMMAND sh -c "trap '' XFSZ; ulimit -f 16; exec \"$0\" dequantize --model \"$1\" --out \"$2\""
+                        ${DGEMMA} ${FIXTURES}/quant/w4a16_g32 ${WORK}/cut_link.safetensors
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 1 OR NOT err MATCHES "cut_link.safetensors: write failed \\(File too large\\); what it holds is cut" OR
+   NOT IS_SYMLINK "${WORK}/cut_link.safetensors" OR NOT EXISTS "${WORK}/cut_target.safetensors")
+  message(FATAL_ERROR "dequantize through a link past a file-size limit: ${rc}: ${err}")
+endif()
 # dequantize on a checkpoint that is not quantized says so instead of writing an empty file.
 expect_failure("not quantized" dequantize --model ${FIXTURES}/quant/base --out ${WORK}/nothing.safetensors)
 if(EXISTS "${WORK}/nothing.safetensors")

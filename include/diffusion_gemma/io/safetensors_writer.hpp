@@ -67,15 +67,22 @@ class SafetensorsWriter {
       if (!t.bytes.empty()) ok = std::fwrite(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size();
     }
     int error = ok ? 0 : errno;
+    struct stat written {};
+    const bool have_written = ::fstat(::fileno(f), &written) == 0;
     if (std::fclose(f) != 0 && ok) {
       ok = false;
       error = errno;
     }
     if (!ok) {
-      // A cut file is no safetensors file: a regular one is removed rather than left to be read.
-      struct stat st {};
-      if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) std::remove(path.c_str());
-      throw_error(StatusCode::kIoError, path, ": write failed (", std::strerror(error), "); nothing was kept");
+      // A cut file is no safetensors file: it is removed rather than left to be read, but only
+      // when `path` itself is that regular file (not a link to it, nor a device reached through one).
+      struct stat named {};
+      const bool removable = have_written && S_ISREG(written.st_mode) && ::lstat(path.c_str(), &named) == 0 &&
+                             S_ISREG(named.st_mode) && named.st_dev == written.st_dev && named.st_ino == written.st_ino;
+      if (removable && std::remove(path.c_str()) == 0) {
+        throw_error(StatusCode::kIoError, path, ": write failed (", std::strerror(error), "); nothing was kept");
+      }
+      throw_error(StatusCode::kIoError, path, ": write failed (", std::strerror(error), "); what it holds is cut");
     }
   }
 
