@@ -28,6 +28,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "interrupt.hpp"
 
 namespace dgemma {
 
@@ -60,47 +61,6 @@ std::string parse_reason(const nlohmann::json::parse_error& e) {
     if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
   }
   return "column " + std::to_string(e.byte) + ": " + why;
-}
-
-std::atomic<bool> g_interrupted{false};
-extern "C" void on_interrupt(int) { g_interrupted.store(true); }
-
-// SIGINT and SIGTERM set g_interrupted while armed, except a signal the program started with
-// ignored (a background job of a script), which stays ignored; the previous dispositions come back
-// at disarm() or at the end of the scope.
-class InterruptGuard {
- public:
-  InterruptGuard() {
-    g_interrupted = false;
-    // The dispositions are read without changing them, so that no signal is lost in between.
-    struct sigaction old_int {}, old_term {};
-    ::sigaction(SIGINT, nullptr, &old_int);
-    ::sigaction(SIGTERM, nullptr, &old_term);
-    previous_int_ = old_int.sa_handler;
-    previous_term_ = old_term.sa_handler;
-    if (previous_int_ != SIG_IGN) std::signal(SIGINT, on_interrupt);
-    if (previous_term_ != SIG_IGN) std::signal(SIGTERM, on_interrupt);
-  }
-  InterruptGuard(const InterruptGuard&) = delete;
-  InterruptGuard& operator=(const InterruptGuard&) = delete;
-  ~InterruptGuard() { disarm(); }
-  void disarm() {
-    if (!armed_) return;
-    armed_ = false;
-    std::signal(SIGINT, previous_int_ == SIG_ERR ? SIG_DFL : previous_int_);
-    std::signal(SIGTERM, previous_term_ == SIG_ERR ? SIG_DFL : previous_term_);
-  }
-
- private:
-  void (*previous_int_)(int) = SIG_DFL;
-  void (*previous_term_)(int) = SIG_DFL;
-  bool armed_ = true;
-};
-
-// Whether two paths name the same existing file (another spelling, a link).
-bool same_file(const std::string& a, const std::string& b) {
-  struct stat sa {}, sb {};
-  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 // Writes `lines` to `path` (truncating it: its owner, mode and links stay), or throws naming it.
@@ -323,7 +283,7 @@ int cmd_batch(const std::vector<std::string>& args) {
   };
   bool cancelling = false;
   const auto cancel_on_signal = [&] {
-    if (cancelling || !g_interrupted.load()) return;
+    if (cancelling || !InterruptGuard::interrupted()) return;
     // The first signal cancels what has not finished; those lines get "error": "cancelled". The
     // previous handlers come back, so that a second signal ends the program (one sent twice at
     // once, as `timeout` sends it to the process and its group, counts once).

@@ -2,7 +2,9 @@
 // Pieces shared by dgemma's subcommands: model loading with progress, sampler flags.
 #pragma once
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -101,10 +103,33 @@ inline void require_writable(const std::string& path) {
     if (::access(path.c_str(), W_OK) != 0) fail("no write permission");
     return;
   }
-  const std::size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) fail(dir + " is not a directory");
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) fail("no write permission in " + dir);
+  const auto dir_of = [](const std::string& p) {
+    const std::size_t slash = p.find_last_of('/');
+    return slash == std::string::npos ? std::string(".") : slash == 0 ? std::string("/") : p.substr(0, slash);
+  };
+  // A dangling symbolic link is written through: the file is created where the link points, so
+  // that is the directory to check (the link's own one is not).
+  std::string target = path;
+  for (int hops = 0;; ++hops) {
+    if (::lstat(target.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) break;
+    if (hops == 40) fail("too many levels of symbolic links");
+    std::string link(static_cast<std::size_t>(st.st_size > 0 ? st.st_size : 4096) + 1, '\0');
+    const ssize_t n = ::readlink(target.c_str(), &link[0], link.size());
+    if (n < 0) fail(std::string("cannot read the symbolic link: ") + std::strerror(errno));
+    link.resize(static_cast<std::size_t>(n));
+    target = link.empty() || link[0] == '/' ? link : dir_of(target) + "/" + link;
+  }
+  const std::string dir = dir_of(target);
+  const std::string named = target == path ? dir : dir + " (where the link points)";
+  if (::stat(dir.c_str(), &st) != 0) fail(named + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) fail(named + " is not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) fail("no write permission in " + named);
+}
+
+// Whether two paths name the same existing file (another spelling, a symbolic or a hard link).
+inline bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 // Refuses an output path that names a file of the checkpoint directory: the weights are
@@ -120,9 +145,9 @@ inline void refuse_overwriting_checkpoint(const std::string& flag, const std::st
   std::string hit;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
+    const std::string file = model_dir + "/" + name;
     struct stat st {};
-    if (name != "." && name != ".." && ::stat((model_dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-        st.st_dev == out.st_dev && st.st_ino == out.st_ino) {
+    if (name != "." && name != ".." && ::stat(file.c_str(), &st) == 0 && S_ISREG(st.st_mode) && same_file(file, path)) {
       hit = name;
       break;
     }
@@ -155,6 +180,7 @@ inline std::vector<std::int32_t> encode_text_prompt(const diffusion_gemma::io::T
                                                     const diffusion_gemma::ModelConfig& cfg, const std::string& text,
                                                     const PromptFormat& format, const std::string& what) {
   if (!diffusion_gemma::io::is_valid_utf8(text)) throw UsageError(what + " is not valid UTF-8");
+  if (format.chat && !diffusion_gemma::io::is_valid_utf8(format.system)) throw UsageError("--system is not valid UTF-8");
   std::vector<int> ids;
   if (format.chat) {
     std::vector<diffusion_gemma::io::ChatMessage> msgs;

@@ -28,6 +28,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "interrupt.hpp"
 #include "serve/text_stream.hpp"
 
 namespace dgemma {
@@ -35,10 +36,6 @@ namespace dgemma {
 namespace dg = diffusion_gemma;
 
 namespace {
-
-std::atomic<bool> g_interrupted{false};
-
-extern "C" void on_sigint(int) { g_interrupted.store(true); }
 
 int terminal_width() {
   winsize w{};
@@ -229,8 +226,14 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (f.has("trace")) trace = std::make_unique<dg::io::TraceWriter>(f.str("trace"));
   CanvasView view(tok.get(), terminal_width());
 
-  g_interrupted = false;
-  auto previous = std::signal(SIGINT, on_sigint);
+  // A signal cancels at the next step (what was committed is printed); the previous handlers come
+  // back then, so that a second one ends the program.
+  InterruptGuard interrupts;
+  const auto keep_going = [&interrupts] {
+    if (!InterruptGuard::interrupted()) return true;
+    interrupts.disarm();
+    return false;
+  };
   // Holds back text that later canvases can still change (a UTF-8 character split across
   // canvases, a byte-fallback run), so the printed text always equals the final answer's.
   dgemma::serve::TextAssembler stream(
@@ -250,7 +253,7 @@ int cmd_generate(const std::vector<std::string>& args) {
       view.draw(e, plan.num_canvases, o.sampler.max_denoising_steps);
       if (view_delay_ms > 0) ::usleep(static_cast<useconds_t>(view_delay_ms) * 1000);
     }
-    return !g_interrupted.load();
+    return keep_going();
   };
   cb.on_commit = [&](const dg::CommitEvent& e) {
     if (trace) trace->write(e.record);
@@ -264,10 +267,10 @@ int cmd_generate(const std::vector<std::string>& args) {
         print_text(ids);
       }
     }
-    return !g_interrupted.load();
+    return keep_going();
   };
   const dg::GenerationResult r = decoder.generate(prompt, o, cb);
-  std::signal(SIGINT, previous);
+  interrupts.disarm();
   if (view_on) view.erase();
   if (!json && tok && !stream.finished()) print_text(stream.add(nullptr, 0, false, true).text);  // cancelled
   if (trace) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include <diffusion_gemma/cpu/engine.hpp>
@@ -102,8 +104,13 @@ int cmd_info(const std::vector<std::string>& args) {
   // Weights: the files when present (the CPU back-end uses them in place), else the config's dtype.
   double stored = 0, unloaded = 0;
   std::size_t files = 0;
-  const bool has_weights = ::access((dir + "/model.safetensors").c_str(), F_OK) == 0 ||
-                           ::access((dir + "/model.safetensors.index.json").c_str(), F_OK) == 0;
+  // lstat: a link whose target is gone (a Hugging Face cache without its blob) is a checkpoint that
+  // cannot be read, which the load below says, not a config-only directory.
+  const auto present = [&dir](const char* name) {
+    struct stat st {};
+    return ::lstat((dir + "/" + name).c_str(), &st) == 0;
+  };
+  const bool has_weights = present("model.safetensors") || present("model.safetensors.index.json");
   const dg::io::QuantizationConfig quant = dg::io::load_quantization_config(dir);
   dg::io::BindReport bound;
   std::string bind_error;

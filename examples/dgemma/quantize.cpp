@@ -43,7 +43,7 @@ namespace {
 
 // One unit of output: a tensor copied as it is, or a matrix (possibly a row block of one expert of
 // a fused tensor) quantised into several tensors.
-struct Item {
+struct OutputTensor {
   std::string module;             // output module name (quantised) or tensor name (copied)
   const dg::RawTensor* source = nullptr;
   std::string source_name;        // the tensor `source` is, in the input checkpoint
@@ -230,7 +230,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
     return false;
   };
 
-  std::vector<Item> items;
+  std::vector<OutputTensor> items;
   const auto add_quantized = [&](const std::string& module, const std::string& tensor, const dg::RawTensor* t,
                                  std::int64_t row0, std::int64_t rows, std::int64_t cols) {
     if (spec.group_size > 0 && cols % spec.group_size != 0) {
@@ -238,7 +238,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
                       "--group-size " + std::to_string(spec.group_size) + " does not divide the " + std::to_string(cols) +
                           " input features of " + module + "; use a group size that divides every width (32 or 64)");
     }
-    Item it;
+    OutputTensor it;
     it.module = module;
     it.source = t;
     it.source_name = tensor;
@@ -274,20 +274,20 @@ int cmd_quantize(const std::vector<std::string>& args) {
     } else if (is_linear && is_float(t.dtype) && !ignored(module)) {
       add_quantized(module, name, &t, 0, t.shape[0], t.shape[1]);
     } else {
-      Item it;
+      OutputTensor it;
       it.module = name;
       it.source = &t;
       it.outputs.push_back({name, t.dtype, t.shape});
       items.push_back(std::move(it));
     }
   }
-  const auto spec_of = [&](const Item& it) {
+  const auto spec_of = [&](const OutputTensor& it) {
     dg::io::QuantizeSpec s = spec;
     s.scale_dtype = it.scale_dtype;
     return s;
   };
   std::size_t quantized_count = 0;
-  for (Item& it : items) {
+  for (OutputTensor& it : items) {
     if (!it.quantize) continue;
     ++quantized_count;
     for (auto& t : dg::io::planned_tensors(it.rows, it.cols, spec_of(it))) {
@@ -333,7 +333,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
     }
     dg::io::SafetensorsStream out(written.add(file), specs);
     for (std::size_t i : shards[s]) {
-      const Item& it = items[i];
+      const OutputTensor& it = items[i];
       const dg::RawTensor& t = *it.source;
       if (!it.quantize) {
         // In pieces, releasing each: a 1.4 GiB embedding never becomes resident all at once.

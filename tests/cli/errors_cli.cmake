@@ -24,6 +24,10 @@ foreach(command "tokenize;--text-file" "generate;--prompt-file")
 endforeach()
 expect_failure("standard input: not valid UTF-8" tokenize --model ${MODEL} --text-file - INPUT_FILE ${WORK}/bad.txt)
 expect_usage_error("--text is not valid UTF-8 \\(byte 10\\)" tokenize --model ${MODEL} --text "${text}${ff}")
+# --system too (it went unchecked into the chat template's trim, which read past its end).
+expect_usage_error("--system is not valid UTF-8" generate --model ${MODEL} --chat --system "rules${ff}" --prompt hi)
+file(WRITE "${WORK}/one.jsonl" "\"hi\"\n")
+expect_usage_error("--system is not valid UTF-8" batch --model ${MODEL} --chat --system "rules${ff}" --input ${WORK}/one.jsonl)
 
 # --seed takes all 64 bits, as the server's "seed" does; past them it is refused by name.
 execute_process(COMMAND ${DGEMMA} generate --model ${MODEL} --prompt "Add: 1 + 2" --seed 18446744073709551615
@@ -83,6 +87,15 @@ if(NOT kept STREQUAL lines)
   message(FATAL_ERROR "dgemma batch: a refused line emptied --output, which was the input")
 endif()
 expect_failure("is a directory" batch --model ${MODEL} --input ${WORK}/prompts.jsonl --output ${WORK})
+# SIGTERM cancels generate as Ctrl-C does: what was committed is printed, the finish says
+# "cancelled" and the exit code is 130 (it ended the program, and the answer was lost).
+# --foreground: the signal goes to dgemma once (timeout sends it to the process group too).
+execute_process(COMMAND timeout --foreground --preserve-status -s TERM 4 ${DGEMMA} generate --model ${MODEL} --prompt "Sort ascending: 9 4 7"
+                        --threads 1 --max-new-tokens 256 --max-denoising-steps 1000000 --stability-threshold 100000 --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 130 OR NOT out MATCHES "\"finish\":\"cancelled\"")
+  message(FATAL_ERROR "dgemma generate on SIGTERM: expected exit 130 and a cancelled answer, got ${rc}:\n${out}\n${err}")
+endif()
 # An interrupted batch leaves --output alone when it is the input, and writes its results (a line
 # per prompt, "cancelled" for those not run) beside it. The run was emptying it first.
 set(long_lines "")
@@ -90,7 +103,7 @@ foreach(i RANGE 1 600)
   string(APPEND long_lines "{\"prompt\": \"Sort ascending: ${i} 9 4\", \"max_new_tokens\": 48}\n")
 endforeach()
 file(WRITE "${WORK}/interrupted.jsonl" "${long_lines}")
-execute_process(COMMAND timeout -s INT 10 ${DGEMMA} batch --model ${MODEL} --input ${WORK}/interrupted.jsonl
+execute_process(COMMAND timeout --foreground -s INT 10 ${DGEMMA} batch --model ${MODEL} --input ${WORK}/interrupted.jsonl
                         --output ${WORK}/interrupted.jsonl --threads 1 --stability-threshold 100000
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 file(READ "${WORK}/interrupted.jsonl" kept)

@@ -169,6 +169,17 @@ if(rc EQUAL 0 OR NOT err MATCHES "no_such_dir/results.jsonl: cannot be written" 
    OR NOT out STREQUAL "")
   message(FATAL_ERROR "dgemma batch with an unwritable --output: exit ${rc}, '${out}' '${err}'")
 endif()
+# A dangling link is written through, so the directory it points into is checked (it was the
+# link's own one, and the run failed only after the last prompt).
+set(dangling ${CMAKE_CURRENT_BINARY_DIR}/dangling.jsonl)
+file(REMOVE ${dangling})
+file(CREATE_LINK ${CMAKE_CURRENT_BINARY_DIR}/no_such_dir/results.jsonl ${dangling} SYMBOLIC)
+execute_process(COMMAND ${DGEMMA} batch --model ${model} --input ${batch_in} --output ${dangling}
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(rc EQUAL 0 OR NOT err MATCHES "dangling.jsonl: cannot be written \\(.*no_such_dir \\(where the link points\\): No such file"
+   OR err MATCHES "prompts|batch.jsonl:2")
+  message(FATAL_ERROR "dgemma batch with --output a dangling link: exit ${rc}, '${out}' '${err}'")
+endif()
 message(STATUS "dgemma batch passed")
 
 # `dgemma info` works from config.json alone, prints the kernels this CPU runs and the memory a

@@ -85,6 +85,19 @@ TEST_CASE("chat format follows docs/model.md §8.3", "[io][chat]") {
   CHECK(io::strip_thinking("a<|channel>never closed") == "a");
 }
 
+TEST_CASE("chat content that is not valid UTF-8 is trimmed as its U+FFFD repair, never past its end", "[io][chat]") {
+  // "rules" and a 3-byte sequence cut after 2 bytes: trimmed as bytes, the cut sequence read a byte
+  // past the string (U+2000, white space) and vanished; a lone 4-byte lead at the end read 3 more.
+  const std::string cut = std::string("rules") + "\xe2\x80";
+  const std::string replacement = "\xef\xbf\xbd";
+  CHECK(io::render_chat({{"system", cut}, {"user", "hi"}}) ==
+        io::render_chat({{"system", "rules" + replacement}, {"user", "hi"}}));
+  CHECK(io::render_chat({{"user", std::string(24, 'a') + "\xf0"}}) ==
+        "<bos><|turn>user\n" + std::string(24, 'a') + replacement + "<turn|>\n<|turn>model\n");
+  CHECK(io::render_chat({{"user", "\x80 x \xc3"}}) == io::render_chat({{"user", replacement + " x " + replacement}}));
+  CHECK(io::strip_thinking("answer \xe2\x80") == "answer " + replacement);
+}
+
 TEST_CASE("chat ids start with exactly one <bos> whatever the tokenizer's post-processor does", "[io][chat]") {
   for (const char* file : {"gemma_bpe_1000.json", "gemma_bpe_4000.json"}) {
     INFO(file);

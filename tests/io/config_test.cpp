@@ -65,6 +65,18 @@ TEST_CASE("DiffusionGemma config.json parses into per-layer shapes", "[io][confi
   CHECK(c.num_experts == 4);
 }
 
+TEST_CASE("the model's dtype is the top level's, as transformers makes the whole model in it", "[io][config]") {
+  Json j = tiny_dg();
+  j["dtype"] = "float32";
+  j["text_config"]["dtype"] = "bfloat16";
+  CHECK(io::parse_model_config(j, "config.json").dtype == DType::kF32);
+  j.erase("dtype");
+  j["torch_dtype"] = "float16";  // the older spelling
+  CHECK(io::parse_model_config(j, "config.json").dtype == DType::kF16);
+  j.erase("torch_dtype");
+  CHECK(io::parse_model_config(j, "config.json").dtype == DType::kBF16);  // only the nested one
+}
+
 TEST_CASE("released-checkpoint spelling: global_head_dim and num_global_key_value_heads", "[io][config]") {
   Json j = tiny_dg();
   j["text_config"].erase("per_layer_config");

@@ -203,6 +203,11 @@ TEST_CASE("safetensors rejects malformed files with a message naming the file an
                              8);
     CHECK_THAT(error_of(p), Contains("tensor 'w's field 'dtype' appears twice"));
   }
+  SECTION("a null __metadata__ is no metadata, as the safetensors package reads it") {
+    const auto p = make_file("nullmeta.safetensors",
+                             R"({"__metadata__":null,"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4);
+    CHECK(error_of(p).empty());
+  }
   SECTION("missing data_offsets") {
     const auto p = make_file("nooff.safetensors", R"({"w":{"dtype":"F32","shape":[1]}})", 4);
     CHECK_THAT(error_of(p), Contains("data_offsets"));
@@ -245,6 +250,19 @@ TEST_CASE("sharded checkpoints resolve tensors through the index", "[io][safeten
     const std::string bad = dg_test::temp_dir("sharded_escape");
     write_bytes(bad + "/model.safetensors.index.json", R"({"weight_map":{"x":"../etc/passwd"}})");
     CHECK_THROWS_WITH(io::Checkpoint(bad), Contains("must be a file name inside"));
+  }
+  SECTION("a shard name with a NUL in it (open() would read the name cut at the NUL)") {
+    const std::string bad = dg_test::temp_dir("sharded_nul");
+    s1.write(bad + "/a.safetensors");
+    write_bytes(bad + "/model.safetensors.index.json", R"({"weight_map":{"x":"a.safetensors\u0000.bin"}})");
+    CHECK_THROWS_WITH(io::Checkpoint(bad), Contains("= \"a.safetensors\\u0000.bin\" must be a file name inside"));
+  }
+  SECTION("a link whose target is gone, as in a Hugging Face cache without its blob") {
+    const std::string cache = dg_test::temp_dir("dangling_blob");
+    ::unlink((cache + "/model.safetensors").c_str());
+    REQUIRE(::symlink("../blobs/0123abcd", (cache + "/model.safetensors").c_str()) == 0);
+    CHECK_THROWS_WITH(io::Checkpoint(cache),
+                      Contains("model.safetensors is a symbolic link whose target cannot be read (No such file"));
   }
   SECTION("model.safetensors beside an index is what transformers reads, so it is what is read") {
     const std::string both = dg_test::temp_dir("sharded_and_single");

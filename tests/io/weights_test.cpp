@@ -3,13 +3,18 @@
 // dtype; missing, misshapen and unexpected tensors reported by name; vision tensors ignored;
 // encoder/decoder layer_scalar copies equal; NaN/Inf found on request.
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include <diffusion_gemma/core/bfloat16.hpp>
 #include <diffusion_gemma/io/config.hpp>
+#include <diffusion_gemma/io/load.hpp>
 #include <diffusion_gemma/io/safetensors.hpp>
 #include <diffusion_gemma/io/safetensors_writer.hpp>
 #include <diffusion_gemma/io/trace_json.hpp>
@@ -115,4 +120,69 @@ TEST_CASE("TraceWriter: a cancelled canvas gets its line before the summary", "[
   CHECK(lines[3]["canvases"] == 2);
   CHECK(lines[3]["tokens"] == 8);
   CHECK(lines[3]["text_tokens"] == 3);
+}
+
+namespace {
+
+// dg_small with config.json's dtype set to `dtype` and its F32 tensors stored as `stored`.
+std::string dtype_variant(const std::string& name, const std::string& dtype, DType stored) {
+  const std::string dir = dg_test::temp_dir(name);
+  const std::string src = dg_test::fixture("dg_small");
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+  cfg.erase("torch_dtype");
+  cfg["dtype"] = dtype;
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  std::ofstream(dir + "/generation_config.json") << std::ifstream(src + "/generation_config.json").rdbuf();
+  const io::SafetensorsFile file(src + "/model.safetensors");
+  io::SafetensorsWriter w;
+  std::vector<std::vector<std::uint16_t>> keep;
+  for (const auto& e : file.entries()) {
+    if (e.tensor.dtype != DType::kF32 || stored == DType::kF32) {
+      w.add(e.name, e.tensor.dtype, e.tensor.shape, e.tensor.data);
+      continue;
+    }
+    std::vector<std::uint16_t>& bits = keep.emplace_back(static_cast<std::size_t>(e.tensor.shape.numel()));
+    for (std::size_t i = 0; i < bits.size(); ++i) {
+      bits[i] = bfloat16::from_float(load_as_float(e.tensor, static_cast<std::int64_t>(i))).bits;
+    }
+    w.add(e.name, DType::kBF16, e.tensor.shape, bits.data());
+  }
+  w.write(dir + "/model.safetensors");
+  return dir;
+}
+
+std::vector<Weight> all_weights(const io::LoadedCheckpoint& c) {
+  std::vector<Weight> out;
+  for_each_parameter(c.config, c.weights, [&](const ParamSpec&, const Weight& w) { out.push_back(w); });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the model's dtype is config.json's, as transformers' dtype=\"auto\" makes it", "[io][weights]") {
+  const int hidden = io::load_model_config(dg_test::fixture("dg_small")).hidden_size;
+  const io::LoadedCheckpoint bf16 = io::load_checkpoint(dtype_variant("dtype_bf16", "bfloat16", DType::kBF16));
+  // An F32 file whose config says bfloat16 (a model saved in F32 with its dtype left as it was):
+  // its tensors were used unrounded and its embedding scale was F32's, unlike transformers'.
+  const io::LoadedCheckpoint wide = io::load_checkpoint(dtype_variant("dtype_f32_as_bf16", "bfloat16", DType::kF32));
+  CHECK(bf16.embed_scale == round_to_bfloat16(std::sqrt(static_cast<float>(hidden))));
+  CHECK(wide.embed_scale == bf16.embed_scale);
+  const std::vector<Weight> a = all_weights(bf16), b = all_weights(wide);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("parameter " << i);
+    if (a[i].empty()) {
+      CHECK(b[i].empty());
+      continue;
+    }
+    REQUIRE(b[i].dtype == DType::kBF16);
+    CHECK(b[i].shape == a[i].shape);
+    CHECK(std::memcmp(a[i].data, b[i].data, static_cast<std::size_t>(a[i].shape.numel()) * 2) == 0);
+  }
+  // The other way round a float32 model holds every BF16 value exactly: the weights stay in place,
+  // and the scale is F32's.
+  const io::LoadedCheckpoint narrow = io::load_checkpoint(dtype_variant("dtype_bf16_as_f32", "float32", DType::kBF16));
+  CHECK(narrow.embed_scale == std::sqrt(static_cast<float>(hidden)));
+  CHECK(narrow.weights.embed_tokens.dtype == DType::kBF16);
+  CHECK(narrow.weights.embed_tokens.borrowed());
 }

@@ -62,7 +62,7 @@ class Model {
     });
     io::LoadedCheckpoint c;
     c.dir = cfg.source;
-    c.embed_scale = embedding_scale(cfg.hidden_size, weights.embed_tokens.dtype);
+    c.embed_scale = embedding_scale(cfg.hidden_size, model_dtype(cfg, weights));
     c.config = std::move(cfg);
     c.generation = std::move(generation);
     c.weights = std::move(weights);
@@ -112,7 +112,7 @@ class Model {
     return *paired_;
   }
 
-  // Bytes of all parameters as stored (what the memory map holds), and of the fp32 vector copies.
+  // Bytes of all parameters as bound (in the model's dtype), and of the fp32 vector copies.
   std::size_t weight_bytes() const { return weight_bytes_; }
   std::size_t owned_bytes() const { return owned_bytes_; }
 

@@ -34,7 +34,7 @@ namespace diffusion_gemma::cuda {
 
 struct ModelOptions {
   DType dtype = DType::kBF16;  // storage of matrices and embeddings: kBF16 or kF32
-  float embed_scale = 0.0f;    // 0: sqrt(hidden) rounded to the embedding weights' dtype, as cpu::Model
+  float embed_scale = 0.0f;    // 0: sqrt(hidden) rounded to model_dtype(), as cpu::Model
 };
 
 // A parameter inside the model's device arena.
@@ -72,7 +72,7 @@ class Model {
   static std::shared_ptr<const Model> create(const ModelConfig& cfg, const ModelWeights& w, ModelOptions opts = {},
                                              GenerationConfig generation = {}) {
     auto m = std::shared_ptr<Model>(new Model(cfg, opts, std::move(generation)));
-    const DType src = w.embed_tokens.empty() ? opts.dtype : w.embed_tokens.dtype;
+    const DType src = w.embed_tokens.empty() ? opts.dtype : model_dtype(cfg, w);
     m->embed_scale_ = opts.embed_scale > 0.0f ? opts.embed_scale : embedding_scale(cfg.hidden_size, src);
     m->upload(w);
     return m;

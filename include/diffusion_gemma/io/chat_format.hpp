@@ -38,6 +38,7 @@
 #include <diffusion_gemma/io/json_file.hpp>
 #include <diffusion_gemma/io/tokenizer.hpp>
 #include <diffusion_gemma/io/tokenizer_text.hpp>
+#include <diffusion_gemma/io/utf8.hpp>
 #include <diffusion_gemma/model/config.hpp>
 
 namespace diffusion_gemma::io {
@@ -65,6 +66,8 @@ struct ChatOptions {
 // The template's strip_thinking: drops every `<|channel>...` up to the next `<channel|>` (and any stray
 // `<channel|>`), then trims.
 inline std::string strip_thinking(std::string_view text) {
+  std::string repaired;  // invalid UTF-8 becomes U+FFFD first, as Tokenizer::encode would make it
+  if (!is_valid_utf8(text)) text = repaired = tokenizer_detail::replace_invalid_utf8(text);
   constexpr std::string_view kOpen = "<|channel>", kClose = "<channel|>";
   std::string out;
   std::size_t pos = 0;
@@ -85,6 +88,10 @@ namespace chat_detail {
 // model turn; a list of parts is rendered part by part, a first system message's parts followed by a space.
 inline std::string render_content(const ChatMessage& m, bool model_turn, bool first_system) {
   const auto one = [&](std::string_view text) {
+    // Invalid UTF-8 becomes U+FFFD before the trim, as Tokenizer::encode would make it: trimmed
+    // as raw bytes, a cut sequence at the end could pass for white space and vanish.
+    std::string repaired;
+    if (!is_valid_utf8(text)) text = repaired = tokenizer_detail::replace_invalid_utf8(text);
     return model_turn ? strip_thinking(text) : std::string(tokenizer_detail::python_strip(text));
   };
   if (m.text_parts.empty()) return one(m.content);

@@ -275,7 +275,9 @@ inline ModelConfig parse_model_config(const Json& root_json, const std::string& 
     throw_error(StatusCode::kUnsupported, (root_tied ? t : root).where("tie_word_embeddings"),
                 ": an untied LM head is not supported (Gemma 4 ties it to embed_tokens)");
   }
-  for (const JsonObject* o : {&t, &root}) {
+  // The top level first: transformers makes the whole model in the top-level dtype and copies it
+  // onto the sub-configs.
+  for (const JsonObject* o : {&root, &t}) {
     for (const char* key : {"dtype", "torch_dtype"}) {
       if (c.dtype != DType::kSentinel || !o->has_non_null(key) || !o->raw(key).is_string()) continue;
       const std::string d = o->raw(key).get<std::string>();

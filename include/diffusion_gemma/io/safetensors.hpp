@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -18,6 +19,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
@@ -99,6 +102,7 @@ inline std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view h
     const std::string& name = it.key();
     const json& value = it.value();
     if (name == "__metadata__") {
+      if (value.is_null()) continue;  // no metadata, as the safetensors package reads it
       if (!value.is_object()) throw_error(StatusCode::kFormatError, where, ": __metadata__ must be an object");
       for (auto m = value.begin(); m != value.end(); ++m) {
         if (!m.value().is_string()) {
@@ -273,6 +277,15 @@ class Checkpoint {
     } else if (::access(index_path.c_str(), F_OK) == 0) {
       load_index(index_path);
     } else {
+      // A model downloaded into the Hugging Face cache holds links into blobs/; one whose blob is
+      // gone is named as such, not as a missing file.
+      for (const std::string& path : {single, index_path}) {
+        struct stat st {};
+        if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0) {
+          throw_error(StatusCode::kNotFound, path, " is a symbolic link whose target cannot be read (",
+                      std::strerror(errno), ")");
+        }
+      }
       throw_error(StatusCode::kNotFound, dir, ": neither ", kSingleName, " nor ", kIndexName, " exists");
     }
   }
@@ -312,9 +325,11 @@ class Checkpoint {
         throw_error(StatusCode::kFormatError, index_path, ": weight_map['", it.key(), "'] must be a file name");
       }
       const std::string file = it.value().get<std::string>();
-      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
-        throw_error(StatusCode::kFormatError, index_path, ": weight_map['", it.key(), "'] = '", file,
-                    "' must be a file name inside the checkpoint directory");
+      // A NUL would cut the path short at open() and name another file than the index says.
+      if (file.empty() || file.find_first_of(std::string("/\0", 2)) != std::string::npos || file == "." || file == "..") {
+        // dump(): the name as JSON spells it, so that a NUL is shown instead of ending the message.
+        throw_error(StatusCode::kFormatError, index_path, ": weight_map['", it.key(), "'] = ", it.value().dump(),
+                    " must be a file name inside the checkpoint directory");
       }
       expected[it.key()] = file;
       if (shard_of_file.count(file) == 0) {

@@ -39,10 +39,15 @@ inline std::size_t utf8_length(unsigned char lead) {
   return 4;
 }
 
-// Code point at s[i] (valid UTF-8 assumed); sets len to its byte length.
+// Code point at s[i] of valid UTF-8; sets len to its byte length. On invalid UTF-8 the value is
+// meaningless, but nothing past the end of `s` is read: a sequence cut by the end is one U+FFFD byte.
 inline char32_t decode_utf8_at(std::string_view s, std::size_t i, std::size_t& len) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i;
   len = utf8_length(p[0]);
+  if (len > s.size() - i) {
+    len = 1;
+    return 0xfffd;
+  }
   switch (len) {
     case 1:
       return p[0];

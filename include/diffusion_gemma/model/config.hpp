@@ -75,9 +75,10 @@ struct ModelConfig {
   int bos_token_id = 2;
   std::vector<int> eos_token_ids;
   int canvas_length = 0;  // DiffusionGemma only
-  // The weights' dtype as config.json states it ("dtype" / "torch_dtype"); kSentinel when absent
-  // or not a float type. Informational (memory estimates from the config alone): loading reads
-  // each tensor's own dtype.
+  // The model's dtype as config.json states it ("dtype" / "torch_dtype"); kSentinel when absent
+  // or not a float type. The load rounds a tensor stored wider than a 16-bit dtype to it and
+  // makes the embedding scale in it, as transformers does (model_dtype() in model/weights.hpp);
+  // memory estimates from the config alone use it too.
   DType dtype = DType::kSentinel;
 
   int num_layers() const { return static_cast<int>(layers.size()); }

@@ -134,8 +134,14 @@ inline std::int64_t parameter_count(const ModelConfig& cfg) {
   return n;
 }
 
-// The embedding scale sqrt(hidden), rounded to the embedding weights' dtype as transformers
-// multiplies it (53.0 for the real BF16 checkpoint, 53.066 for an F32 one; docs/model.md §2).
+// The dtype transformers makes the model in, as from_pretrained's default dtype="auto" picks it:
+// config.json's `dtype` (or `torch_dtype`) when it states one, else the stored embedding's.
+inline DType model_dtype(const ModelConfig& config, const ModelWeights& weights) {
+  return config.dtype != DType::kSentinel ? config.dtype : weights.embed_tokens.dtype;
+}
+
+// The embedding scale sqrt(hidden), rounded to the model's dtype as transformers multiplies it
+// (53.0 for the real BF16 checkpoint, 53.066 for an F32 one; docs/model.md §2).
 inline float embedding_scale(int hidden_size, DType embedding_dtype) {
   const float root = std::sqrt(static_cast<float>(hidden_size));
   switch (embedding_dtype) {
