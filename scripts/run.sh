@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # The README's main command: installs what is missing, builds dgemma, and generates with the
 # bundled model, showing the canvas denoise live. Extra arguments go to `dgemma generate`
-# (for example --prompt "..." or --model DIR).
+# (for example --chat --prompt "..."); the model is always the bundled one (for another, run
+# build/examples/dgemma generate --model DIR).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/install-deps.sh"
