@@ -76,8 +76,8 @@ struct ModelConfig {
   std::vector<int> eos_token_ids;
   int canvas_length = 0;  // DiffusionGemma only
   // The model's dtype as config.json states it ("dtype" / "torch_dtype"); kSentinel when absent
-  // or not a float type. The load rounds a tensor stored wider than a 16-bit dtype to it and
-  // makes the embedding scale in it, as transformers does (model_dtype() in model/weights.hpp);
+  // or not a float type. The load converts a tensor stored in another dtype than a 16-bit one to
+  // it and makes the embedding scale in it, as transformers does (model_dtype() in model/weights.hpp);
   // memory estimates from the config alone use it too.
   DType dtype = DType::kSentinel;
 
